@@ -1,0 +1,481 @@
+"""Attention throughput of flash_cuda against its peers, forward and backward, on one GPU.
+
+Every backend is timed in the same run on the same random inputs, so the ratios it reports
+hold even on a shared machine whose absolute numbers move by a few percent. The grid is the
+FlashAttention papers' one: 16384 tokens in total (batch = tokens // seqlen), model dim 2048
+(heads = 2048 // head dim), seqlen 512..16384, head dim 64/128/256, causal and not.
+
+Backends: flash_cuda; PyTorch SDPA pinned to one kernel each (sdpa_flash, sdpa_cudnn,
+sdpa_efficient); FlashAttention where importable (fa3 = flash_attn_interface, fa4_cute =
+flash_attn.cute, fa2 = flash_attn). A backend that cannot run a point records None and a note.
+
+Timing is the median of triton.testing.do_bench (CUDA events if triton is missing). The
+backward is timed alone: the forward runs once, then only torch.autograd.grad is repeated.
+FLOPs: forward 4 * batch * heads * seqlen^2 * hdim, halved when causal; backward 2.5x that.
+
+Run:
+    python benchmarks/bench_attn.py                      # the whole grid, bf16
+    python benchmarks/bench_attn.py --hdims 128 --json out.json --plot out.png
+    python benchmarks/bench_attn.py --seqlens 2048,8192 --causal yes --direction bwd
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+from typing import Callable
+
+import torch
+
+FLASH_CUDA = "flash_cuda"
+SDPA_FLASH = "sdpa_flash"
+SDPA_CUDNN = "sdpa_cudnn"
+ALL_BACKENDS = (FLASH_CUDA, SDPA_FLASH, SDPA_CUDNN, "sdpa_efficient", "fa3", "fa4_cute", "fa2")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Backward FLOPs over forward FLOPs: five matmuls (dV, dP, dS-to-dQ, dK, and the recomputed S)
+# against the forward's two, the convention used by the FlashAttention papers.
+BWD_FLOP_FACTOR = 2.5
+# do_bench empties a buffer of this size between calls so that no call finds its inputs in L2;
+# the CUDA-event fallback does the same so the two timers agree.
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One attention implementation: how to lay out q, k, v for it and how to call it."""
+
+    name: str
+    # (q, k, v, causal) -> out, taking tensors in the layout `prepare` returns.
+    forward: Callable
+    # Layout change from (batch, seqlen, heads, hdim), done outside the timed region.
+    prepare: Callable = lambda q, k, v: (q, k, v)
+    # Entered around every call and timing of this backend (SDPA kernel pinning).
+    context: Callable = contextlib.nullcontext
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One grid point; `tflops` maps backend name to TFLOP/s or None where it did not run."""
+
+    direction: str
+    hdim: int
+    causal: bool
+    seqlen: int
+    batch: int
+    heads: int
+    tflops: dict
+
+
+def attention_flops(batch, heads, seqlen, hdim, causal, direction):
+    """FLOPs of one attention call: QK^T and PV at 2 * s^2 * d each per head, per batch."""
+    flops = 4 * batch * heads * seqlen * seqlen * hdim
+    if causal:
+        flops /= 2
+    if direction == "bwd":
+        flops *= BWD_FLOP_FACTOR
+    return flops
+
+
+def _first(result):
+    """Some FlashAttention versions return (out, lse); the benchmark needs only out."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def _to_bhsd(q, k, v):
+    """SDPA wants (batch, heads, seqlen, hdim); views keep the (b, s, h, d) memory order."""
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def _load_flash_cuda():
+    from flash_cuda import flash_attn_func
+
+    return Backend(FLASH_CUDA, lambda q, k, v, c: _first(flash_attn_func(q, k, v, causal=c)))
+
+
+def _sdpa_loader(name, kernel_name):
+    def load():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        kernel = getattr(SDPBackend, kernel_name)
+        return Backend(name, lambda q, k, v, c: sdpa(q, k, v, is_causal=c),
+                       prepare=_to_bhsd, context=lambda: sdpa_kernel([kernel]))
+
+    return load
+
+
+def _load_fa3():
+    from flash_attn_interface import flash_attn_func
+
+    return Backend("fa3", lambda q, k, v, c: _first(flash_attn_func(q, k, v, causal=c)))
+
+
+def _load_fa4_cute():
+    from flash_attn.cute import flash_attn_func
+
+    return Backend("fa4_cute", lambda q, k, v, c: _first(flash_attn_func(q, k, v, causal=c)))
+
+
+def _load_fa2():
+    from flash_attn import flash_attn_func
+
+    return Backend("fa2", lambda q, k, v, c: _first(flash_attn_func(q, k, v, causal=c)))
+
+
+LOADERS = {
+    FLASH_CUDA: _load_flash_cuda,
+    SDPA_FLASH: _sdpa_loader(SDPA_FLASH, "FLASH_ATTENTION"),
+    SDPA_CUDNN: _sdpa_loader(SDPA_CUDNN, "CUDNN_ATTENTION"),
+    "sdpa_efficient": _sdpa_loader("sdpa_efficient", "EFFICIENT_ATTENTION"),
+    "fa3": _load_fa3,
+    "fa4_cute": _load_fa4_cute,
+    "fa2": _load_fa2,
+}
+
+
+def load_backends(names, explicit, notes):
+    """Imports each backend; returns {name: Backend or None} in the order asked for.
+
+    flash_cuda, and any backend named on the command line, keeps a column of None when it
+    cannot be imported, so the table shows it missing; an optional peer is simply dropped.
+    """
+    backends = {}
+    for name in names:
+        try:
+            backends[name] = LOADERS[name]()
+        except Exception as exc:  # a broken install can raise more than ImportError
+            notes.append(f"{name}: not available ({_one_line(exc)})")
+            if explicit or name == FLASH_CUDA:
+                backends[name] = None
+    return backends
+
+
+def _one_line(exc):
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160] if text else ''}"
+
+
+def make_timer(warmup_ms, rep_ms):
+    """Returns fn -> median milliseconds per call."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return lambda fn: _time_with_events(fn, warmup_ms, rep_ms)
+    return lambda fn: do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def _time_with_events(fn, warmup_ms, rep_ms):
+    """Median of per-call CUDA event timings, with L2 emptied before each call."""
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate_ms))):
+        fn()
+    repeats = max(5, int(rep_ms / estimate_ms))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for first, last in zip(starts, ends):
+        flush.zero_()
+        first.record()
+        fn()
+        last.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+
+
+def time_backend(backend, qkv, causal, direction, timer):
+    """Milliseconds per call of `backend` on q, k, v (batch, seqlen, heads, hdim)."""
+    with backend.context():
+        if direction == "fwd":
+            inputs = backend.prepare(*qkv)
+            return timer(lambda: backend.forward(*inputs, causal))
+        # Fresh leaves per backend so no graph or gradient is shared between backends.
+        leaves = [t.detach().requires_grad_() for t in qkv]
+        inputs = backend.prepare(*leaves)
+        out = backend.forward(*inputs, causal)
+        dout = torch.randn_like(out)
+        # autograd.grad returns the gradients instead of accumulating into .grad, so repeated
+        # calls do no extra work and time only the backward kernels.
+        return timer(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True))
+
+
+def run_point(backends, shape, causal, direction, dtype, timer, notes):
+    """Times every backend at one point; returns {name: TFLOP/s or None}."""
+    batch, seqlen, heads, hdim = shape
+    qkv = [torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3)]
+    flops = attention_flops(batch, heads, seqlen, hdim, causal, direction)
+    tflops = {}
+    for name, backend in backends.items():
+        tflops[name] = None
+        if backend is None:
+            continue
+        try:
+            tflops[name] = flops / (time_backend(backend, qkv, causal, direction, timer) * 1e9)
+        except Exception as exc:  # unsupported head dim, OOM, no kernel: a gap, not a crash
+            reason = _one_line(exc)
+            # A backend lacking a kernel fails the same way at every point; say so once on
+            # the console and keep every occurrence in the JSON.
+            note = (f"{name} {direction} hdim={hdim} causal={_yes_no(causal)} "
+                    f"seqlen={seqlen}: {reason}")
+            if not any(n.startswith(name + " ") and n.endswith(reason) for n in notes):
+                print(f"  note: {note} (repeats not shown)", flush=True)
+            notes.append(note)
+            torch.cuda.empty_cache()
+    return tflops
+
+
+def run_grid(args, backends, timer, notes):
+    """Runs every (direction, hdim, causal, seqlen) point; returns a list of Points."""
+    points = []
+    for direction in args.directions:
+        for hdim in args.hdims:
+            for causal in args.causal:
+                for seqlen in args.seqlens:
+                    batch, heads = args.tokens // seqlen, args.model_dim // hdim
+                    shape = (batch, seqlen, heads, hdim)
+                    tflops = run_point(backends, shape, causal, direction, args.dtype,
+                                       timer, notes)
+                    point = Point(direction, hdim, causal, seqlen, batch, heads, tflops)
+                    points.append(point)
+                    print(f"{_row_label(point)}  " + "  ".join(
+                        f"{n} {_fmt(v, '.1f')}" for n, v in tflops.items()), flush=True)
+    return points
+
+
+def ratios(point):
+    """flash_cuda over sdpa_flash, over sdpa_cudnn and over the fastest peer at one point."""
+    mine = point.tflops.get(FLASH_CUDA)
+    peers = [v for n, v in point.tflops.items() if n != FLASH_CUDA and v is not None]
+    best = max(peers) if peers else None
+
+    def over(other):
+        return mine / other if mine is not None and other else None
+
+    return {
+        "flash_cuda/sdpa_flash": over(point.tflops.get(SDPA_FLASH)),
+        "flash_cuda/sdpa_cudnn": over(point.tflops.get(SDPA_CUDNN)),
+        "flash_cuda/best_peer": over(best),
+    }
+
+
+def geomeans(points):
+    """Geometric mean of each ratio over the points where it is defined: {ratio: (mean, n)}."""
+    logs = {}
+    for point in points:
+        for key, value in ratios(point).items():
+            logs.setdefault(key, [])
+            if value is not None:
+                logs[key].append(math.log(value))
+    return {k: (math.exp(sum(v) / len(v)) if v else None, len(v)) for k, v in logs.items()}
+
+
+def _yes_no(flag):
+    return "yes" if flag else "no"
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def _fmt_ratio(value):
+    return "-" if value is None else f"{value:.3f}x"
+
+
+def _row_label(point):
+    return (f"{point.direction:>3} {point.hdim:>4} {_yes_no(point.causal):>6} "
+            f"{point.seqlen:>6}")
+
+
+def format_table(points, names):
+    """The results as a fixed-width text table, one row per point."""
+    ratio_keys = ["flash_cuda/sdpa_flash", "flash_cuda/sdpa_cudnn", "flash_cuda/best_peer"]
+    widths = [max(len(n), 7) for n in names] + [len(k) for k in ratio_keys]
+    header = "dir hdim causal seqlen | " + " ".join(
+        n.rjust(w) for n, w in zip(names + ratio_keys, widths))
+    lines = ["TFLOP/s and ratios (- = did not run)", header, "-" * len(header)]
+    for point in points:
+        values = [_fmt(point.tflops.get(n), ".1f") for n in names]
+        values += [_fmt_ratio(r) for r in ratios(point).values()]
+        lines.append(_row_label(point) + " | " + " ".join(
+            v.rjust(w) for v, w in zip(values, widths)))
+    return "\n".join(lines)
+
+
+def format_geomeans(points):
+    """One line per direction present (when more than one), then the whole-grid line."""
+    groups = list(dict.fromkeys(p.direction for p in points))
+    scopes = []
+    if len(groups) > 1:
+        scopes = [(d, [p for p in points if p.direction == d]) for d in groups]
+    scopes.append(("grid", points))
+    lines = []
+    for scope, members in scopes:
+        parts = [f"{key} {_fmt_ratio(mean)} ({count} pts)"
+                 for key, (mean, count) in geomeans(members).items()]
+        lines.append(f"geomean over {scope}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def environment():
+    """What the numbers depend on, recorded next to them."""
+    props = torch.cuda.get_device_properties(0)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "timer": "triton.testing.do_bench median" if triton_version else "cuda events median",
+    }
+
+
+def write_json(path, args, env, names, points, notes):
+    config = {
+        "tokens": args.tokens, "model_dim": args.model_dim, "dtype": args.dtype_name,
+        "hdims": args.hdims, "seqlens": args.seqlens, "causal": args.causal,
+        "directions": args.directions, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms,
+    }
+    rows = []
+    for p in points:
+        flops = attention_flops(p.batch, p.heads, p.seqlen, p.hdim, p.causal, p.direction)
+        ms = {n: (flops / (v * 1e9) if v else None) for n, v in p.tflops.items()}
+        rows.append(dict(dataclasses.asdict(p), flops=flops, ms=ms, ratios=ratios(p)))
+    means = {k: {"geomean": m, "points": n} for k, (m, n) in geomeans(points).items()}
+    payload = {"environment": env, "config": config, "backends": names, "results": rows,
+               "geomeans": means, "notes": notes}
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    print(f"wrote {path}")
+
+
+def write_plot(path, names, points):
+    """TFLOP/s against seqlen, one panel per (direction, causal) row and head dim column."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed; skipping the plot {path}")
+        return
+    rows = sorted({(p.direction, p.causal) for p in points}, key=lambda r: (r[0] != "fwd", r[1]))
+    hdims = sorted({p.hdim for p in points})
+    fig, axes = plt.subplots(len(rows), len(hdims), squeeze=False,
+                             figsize=(4.5 * len(hdims), 3.5 * len(rows)))
+    for (direction, causal), row_axes in zip(rows, axes):
+        for hdim, ax in zip(hdims, row_axes):
+            key = (direction, causal, hdim)
+            panel = [p for p in points if (p.direction, p.causal, p.hdim) == key]
+            for name in names:
+                xs = [p.seqlen for p in panel if p.tflops.get(name) is not None]
+                ys = [p.tflops[name] for p in panel if p.tflops.get(name) is not None]
+                if xs:
+                    ax.plot(xs, ys, marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{direction} hdim {hdim} causal {_yes_no(causal)}")
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def _int_list(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hdims", type=_int_list, default=[64, 128, 256],
+                        help="comma list of head dims (default 64,128,256)")
+    parser.add_argument("--seqlens", type=_int_list,
+                        default=[512, 1024, 2048, 4096, 8192, 16384],
+                        help="comma list of sequence lengths (default 512..16384)")
+    parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--direction", choices=["fwd", "bwd", "both"], default="both")
+    parser.add_argument("--backends", default=None,
+                        help=f"comma list from {','.join(ALL_BACKENDS)}; default: all importable")
+    parser.add_argument("--tokens", type=int, default=16384, help="batch * seqlen")
+    parser.add_argument("--model-dim", type=int, default=2048, help="heads * hdim")
+    parser.add_argument("--warmup-ms", type=float, default=25.0)
+    parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--json", metavar="PATH", help="write all numbers and the environment")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib)")
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    args.dtype_name, args.dtype = args.dtype, DTYPES[args.dtype]
+    args.causal = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    args.directions = ["fwd", "bwd"] if args.direction == "both" else [args.direction]
+    args.explicit = args.backends is not None
+    args.backends = args.backends.split(",") if args.explicit else list(ALL_BACKENDS)
+    return args
+
+
+def _check_args(parser, args):
+    """Rejects a grid that cannot be built before anything touches the GPU."""
+    unknown = set(args.backends.split(",") if args.backends else []) - set(ALL_BACKENDS)
+    if unknown:
+        parser.error(f"unknown backends {sorted(unknown)}; choose from {list(ALL_BACKENDS)}")
+    for seqlen in args.seqlens:
+        if seqlen <= 0 or seqlen > args.tokens:
+            parser.error(f"seqlen {seqlen} must be in 1..{args.tokens} (--tokens) so batch >= 1")
+    for hdim in args.hdims:
+        if hdim <= 0 or args.model_dim % hdim:
+            parser.error(f"hdim {hdim} must divide the model dim {args.model_dim}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attn.py: no CUDA device is visible (torch.cuda.is_available() is False); "
+              "this benchmark times GPU kernels and needs one.", file=sys.stderr)
+        return 2
+    env = environment()
+    print(f"device: {env['gpu']} (sm_{env['compute_capability'].replace('.', '')}), "
+          f"torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
+          f"timer: {env['timer']}, dtype {args.dtype_name}")
+    notes = []
+    backends = load_backends(args.backends, args.explicit, notes)
+    for note in notes:
+        print(f"note: {note}")
+    names = list(backends)
+    torch.manual_seed(0)
+    timer = make_timer(args.warmup_ms, args.rep_ms)
+    points = run_grid(args, backends, timer, notes)
+    if args.json:
+        write_json(args.json, args, env, names, points, notes)
+    if args.plot:
+        write_plot(args.plot, names, points)
+    print()
+    print(format_table(points, names))
+    print(format_geomeans(points))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+// Plain-C++ descriptions of one attention problem, the contract between the op layer (which
+// builds them from tensors) and the kernels (which read them).  No torch and no CUDA types here.
+#pragma once
+
+#include <cstdint>
+
+namespace flash_cuda {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+enum class ArchFamily : int { kSm80 = 0 };
+
+// One (batch, row, head, dim) tensor whose last dim is contiguous.  For a packed (varlen)
+// tensor batch_stride is 0 and rows are addressed by the packed offset from SeqArgs.
+struct TensorRef {
+  void* ptr = nullptr;
+  int64_t batch_stride = 0;
+  int64_t row_stride = 0;
+  int64_t head_stride = 0;
+};
+
+// Per-row float32 statistics (lse, rowsum(dO*O)): element (b, h, packed_row) at
+// ptr[b * batch_stride + h * head_stride + packed_row].
+struct RowStatsRef {
+  float* ptr = nullptr;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+};
+
+// Where each sequence's rows live and how many are used.  Dense: cu_seqlens == nullptr and every
+// sequence has `seqlen` rows.  Varlen: rows cu_seqlens[b] .. cu_seqlens[b+1] of the packed
+// tensor.  seqused (optional, either mode) caps the rows that take part.
+struct SeqArgs {
+  const int* cu_seqlens = nullptr;
+  const int* seqused = nullptr;
+  int seqlen = 0;  // dense: the seqlen dimension; varlen: max_seqlen (sizes the grid)
+};
+
+struct FwdParams {
+  TensorRef q, k, v, o;
+  RowStatsRef lse;
+  SeqArgs seq_q, seq_k;
+  int batch = 0;
+  int heads_q = 0;
+  int heads_kv = 0;
+  int head_dim = 0;  // the actual one; the kernel's may be larger
+  float softmax_scale = 0.f;
+  int window_left = -1;   // -1: unbounded; causal is window_right == 0
+  int window_right = -1;
+};
+
+struct BwdParams {
+  FwdParams fwd;      // q, k, v, o, lse and the problem as the forward saw it
+  TensorRef dout;
+  TensorRef dq_accum;  // float32, same (row, head, dim) layout as q, zeroed by the caller
+  TensorRef dk, dv;    // heads_q heads when heads_q != heads_kv (summed by the caller)
+  RowStatsRef dot_do_o;  // float32 rowsum(dO * O), written by the preprocess kernel
+  int total_rows_q = 0;  // dense: batch * seqlen_q; varlen: total_q (rows the preprocess visits)
+};
+
+}  // namespace flash_cuda

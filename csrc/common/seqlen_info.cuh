@@ -1,0 +1,88 @@
+// Sequence geometry of one batch element and the key/query block ranges a tile must visit.
+// Shared by forward and backward, dense and varlen, so that masking rules live in one place.
+#pragma once
+
+#include "common/params.h"
+
+namespace flash_cuda {
+
+// Rows of one sequence: `offset` is its first row in the (packed) tensor, `extent` the rows that
+// belong to it (all written by the kernels), `len` the rows that take part (<= extent).
+struct SeqlenInfo {
+  int offset;
+  int extent;
+  int len;
+
+  __device__ __forceinline__ SeqlenInfo(const SeqArgs& args, int batch_idx) {
+    if (args.cu_seqlens != nullptr) {
+      offset = args.cu_seqlens[batch_idx];
+      extent = args.cu_seqlens[batch_idx + 1] - offset;
+    } else {
+      offset = 0;
+      extent = args.seqlen;
+    }
+    len = args.seqused != nullptr ? min(args.seqused[batch_idx], extent) : extent;
+  }
+};
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__device__ __forceinline__ int floor_div(int a, int b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// The visibility rule (bottom-right aligned, as FlashAttention defines it): query row i sees key
+// j iff 0 <= j < len_k, i < len_q, j >= i + diag - window_left (when window_left >= 0) and
+// j <= i + diag + window_right (when window_right >= 0), with diag = len_k - len_q.
+struct MaskInfo {
+  int len_q;
+  int len_k;
+  int diag;
+  int window_left;
+  int window_right;
+
+  __device__ __forceinline__ MaskInfo(int len_q_, int len_k_, int left, int right)
+      : len_q(len_q_), len_k(len_k_), diag(len_k_ - len_q_), window_left(left),
+        window_right(right) {}
+
+  __device__ __forceinline__ bool visible(int i, int j) const {
+    return j < len_k && i < len_q && (window_left < 0 || j >= i + diag - window_left) &&
+           (window_right < 0 || j <= i + diag + window_right);
+  }
+
+  // Keys [lo, hi) that row i sees (empty when lo >= hi).
+  __device__ __forceinline__ void visible_keys(int i, int& lo, int& hi) const {
+    lo = window_left >= 0 ? i + diag - window_left : 0;
+    hi = window_right >= 0 ? min(len_k, i + diag + window_right + 1) : len_k;
+    if (i >= len_q) hi = lo;
+  }
+
+  // True when every (i, j) of rows [m0, m0 + bm) x keys [n0, n0 + bn) is visible: such tiles
+  // skip the per-element mask.
+  __device__ __forceinline__ bool tile_all_visible(int m0, int bm, int n0, int bn) const {
+    return n0 + bn <= len_k && m0 + bm <= len_q &&
+           (window_left < 0 || n0 >= m0 + bm - 1 + diag - window_left) &&
+           (window_right < 0 || n0 + bn - 1 <= m0 + diag + window_right);
+  }
+
+  // Key blocks [begin, end) of size bn that rows [m0, m0 + bm) can see; empty when begin >= end.
+  __device__ __forceinline__ void key_block_range(int m0, int bm, int bn, int& begin,
+                                                  int& end) const {
+    const int rows_end = min(m0 + bm, len_q);  // rows past len_q see nothing
+    end = ceil_div(len_k, bn);
+    if (window_right >= 0) end = min(end, floor_div(rows_end - 1 + diag + window_right, bn) + 1);
+    begin = window_left >= 0 ? max(0, floor_div(m0 + diag - window_left, bn)) : 0;
+    if (rows_end <= m0) end = begin;
+  }
+
+  // Query blocks [begin, end) of size bm that keys [n0, n0 + bn) are seen by.
+  __device__ __forceinline__ void query_block_range(int n0, int bn, int bm, int& begin,
+                                                    int& end) const {
+    const int keys_end = min(n0 + bn, len_k);
+    end = ceil_div(len_q, bm);
+    if (window_left >= 0) end = min(end, floor_div(keys_end - 1 - diag + window_left, bm) + 1);
+    begin = window_right >= 0 ? max(0, floor_div(n0 - diag - window_right, bm)) : 0;
+    if (keys_end <= n0) end = begin;
+  }
+};
+
+}  // namespace flash_cuda

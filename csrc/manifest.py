@@ -1,0 +1,140 @@
+"""The one declaration of which kernels flash_cuda compiles, and the generator that expands it.
+
+setup.py filters the manifest with the build knobs (FLASH_CUDA_ARCHS, FLASH_CUDA_HDIMS,
+FLASH_CUDA_DTYPES, FLASH_CUDA_DISABLE_BACKWARD) and calls `generate()`, which writes one small
+translation unit per kernel, the dispatch table the C++ dispatcher includes, and the build-info
+table that `flash_cuda._C.build_info()` reports (and that the tests read).  Nothing else in the
+project lists head dims, dtypes or archs.
+"""
+
+import dataclasses
+import os
+
+# Head dims with a compiled kernel.  Any other multiple of 8 up to 256 runs on the next size up
+# (the kernels zero-fill the unused columns).
+HEAD_DIMS = (64, 96, 128, 192, 256)
+DTYPES = {"fp16": "cutlass_half", "bf16": "cutlass_bf16"}  # manifest name -> C++ tag below
+DIRECTIONS = ("fwd", "bwd")
+
+# Kernel families.  Each serves a range of compute capabilities and is compiled only for the
+# archs of FLASH_CUDA_ARCHS inside that range.
+FAMILIES = {
+    # mma.sync + cp.async: runs on every GPU from Ampere on; the fallback for archs with no
+    # native family.
+    "sm80": {"min_arch": 80, "max_arch": 1000, "arch_enum": "ArchFamily::kSm80"},
+}
+DEFAULT_ARCHS = (80, 90)
+
+_CXX_DTYPE = {"fp16": "half_t", "bf16": "bfloat16_t"}
+_ENUM_DTYPE = {"fp16": "DType::kFloat16", "bf16": "DType::kBFloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    family: str
+    direction: str
+    dtype: str
+    head_dim: int
+
+    @property
+    def name(self):
+        return f"{self.direction}_{self.family}_{self.dtype}_hdim{self.head_dim}"
+
+    @property
+    def launcher(self):
+        return (f"flash_cuda::{self.family}::run_{self.direction}"
+                f"<flash_cuda::{_CXX_DTYPE[self.dtype]}, {self.head_dim}>")
+
+
+def _split(value):
+    return [v for v in value.replace(",", ";").split(";") if v.strip()]
+
+
+def parse_knobs(env, detected_archs=None):
+    """Returns (archs, head_dims, dtypes, directions) selected by the environment."""
+    if env.get("FLASH_CUDA_ARCHS"):
+        archs = sorted({int(a.strip().rstrip("a")) for a in _split(env["FLASH_CUDA_ARCHS"])})
+    else:
+        archs = sorted(set(detected_archs or DEFAULT_ARCHS))
+    head_dims = HEAD_DIMS
+    if env.get("FLASH_CUDA_HDIMS"):
+        head_dims = tuple(sorted({int(h) for h in _split(env["FLASH_CUDA_HDIMS"])}))
+        unknown = set(head_dims) - set(HEAD_DIMS)
+        if unknown:
+            raise ValueError(f"FLASH_CUDA_HDIMS names {sorted(unknown)}, but the compiled head "
+                             f"dims can only be chosen among {list(HEAD_DIMS)}")
+    dtypes = tuple(DTYPES)
+    if env.get("FLASH_CUDA_DTYPES"):
+        dtypes = tuple(d.strip() for d in _split(env["FLASH_CUDA_DTYPES"]))
+        unknown = set(dtypes) - set(DTYPES)
+        if unknown:
+            raise ValueError(f"FLASH_CUDA_DTYPES names {sorted(unknown)}; choose among "
+                             f"{list(DTYPES)}")
+    directions = DIRECTIONS
+    if env.get("FLASH_CUDA_DISABLE_BACKWARD", "0") not in ("", "0", "FALSE", "false"):
+        directions = ("fwd",)
+    return archs, head_dims, dtypes, directions
+
+
+def select(archs, head_dims, dtypes, directions):
+    """Returns {family: (family_archs, [Kernel, ...])} for the families some arch needs."""
+    selected = {}
+    for family, info in FAMILIES.items():
+        family_archs = [a for a in archs if info["min_arch"] <= a < info["max_arch"]]
+        if not family_archs:
+            continue
+        kernels = [Kernel(family, direction, dtype, hdim)
+                   for direction in directions for dtype in dtypes for hdim in head_dims]
+        selected[family] = (family_archs, kernels)
+    return selected
+
+
+def _write_if_changed(path, text):
+    """Keeps mtimes stable so that an unchanged kernel file is not rebuilt."""
+    if os.path.exists(path):
+        with open(path) as f:
+            if f.read() == text:
+                return
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _kernel_source(kernel):
+    return (f"// Generated from csrc/manifest.py: one instantiation per translation unit so that\n"
+            f"// kernels compile in parallel.\n"
+            f'#include "{kernel.family}/launch_{kernel.direction}.cuh"\n\n'
+            f"template cudaError_t {kernel.launcher}(\n"
+            f"    const flash_cuda::{kernel.direction.capitalize()}Params&, cudaStream_t);\n")
+
+
+def _table_source(selected):
+    lines = ["// Generated from csrc/manifest.py: the kernels this build holds.",
+             "// FLASH_CUDA_KERNEL(direction, family, dtype, head_dim, launcher)"]
+    for family, (_, kernels) in selected.items():
+        for k in kernels:
+            lines.append(f"FLASH_CUDA_KERNEL({k.direction}, {FAMILIES[family]['arch_enum']}, "
+                         f"{_ENUM_DTYPE[k.dtype]}, {k.head_dim}, ({k.launcher}))")
+    return "\n".join(lines) + "\n"
+
+
+def _build_info_source(archs, selected):
+    family_archs = {f: a for f, (a, _) in selected.items()}
+    lines = ["// Generated from csrc/manifest.py: what this build holds, for build_info().",
+             f"#define FLASH_CUDA_BUILD_ARCHS {{{', '.join(str(a) for a in archs)}}}"]
+    for family, fa in family_archs.items():
+        lines.append(f"// family {family}: compiled for sm_{', sm_'.join(str(a) for a in fa)}")
+    return "\n".join(lines) + "\n"
+
+
+def generate(out_dir, archs, selected):
+    """Writes the kernel translation units and the tables; returns {family: [paths]}."""
+    os.makedirs(out_dir, exist_ok=True)
+    sources = {}
+    for family, (_, kernels) in selected.items():
+        for k in kernels:
+            path = os.path.join(out_dir, f"{k.name}.cu")
+            _write_if_changed(path, _kernel_source(k))
+            sources.setdefault(family, []).append(path)
+    _write_if_changed(os.path.join(out_dir, "kernel_table.inc"), _table_source(selected))
+    _write_if_changed(os.path.join(out_dir, "build_info.inc"), _build_info_source(archs, selected))
+    return sources

@@ -1,0 +1,63 @@
+// rowsum(dO * O) for every query row and head, the D term of dS = P * (dP - D).  One warp per
+// (row, head): each lane reads one 16-byte chunk of dO and O, so any head dim up to 256 is one
+// coalesced pass.
+#include <cuda_runtime.h>
+
+#include "common/launch_api.h"
+#include "common/ptx.cuh"
+
+namespace flash_cuda::sm80 {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+template <class Element>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) dot_do_o_kernel(const __grid_constant__ BwdParams p) {
+  const FwdParams& f = p.fwd;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int head = blockIdx.y;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.total_rows_q) return;
+  // Dense: row = b * seqlen + i.  Varlen: row is the packed row and batch strides are 0.
+  const int64_t batch = f.seq_q.cu_seqlens != nullptr ? 0 : row / f.seq_q.seqlen;
+  const int64_t i = f.seq_q.cu_seqlens != nullptr ? row : row % f.seq_q.seqlen;
+  float acc = 0.f;
+  const int col = lane * 8;
+  if (col < f.head_dim) {
+    const uint4 o = *reinterpret_cast<const uint4*>(
+        static_cast<const Element*>(f.o.ptr) + batch * f.o.batch_stride + i * f.o.row_stride +
+        head * f.o.head_stride + col);
+    const uint4 d = *reinterpret_cast<const uint4*>(
+        static_cast<const Element*>(p.dout.ptr) + batch * p.dout.batch_stride +
+        i * p.dout.row_stride + head * p.dout.head_stride + col);
+    const uint32_t ow[4] = {o.x, o.y, o.z, o.w};
+    const uint32_t dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 a = unpack2<Element>(ow[w]);
+      const float2 b = unpack2<Element>(dw[w]);
+      acc += a.x * b.x + a.y * b.y;
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffff, acc, offset);
+  if (lane == 0) {
+    p.dot_do_o.ptr[batch * p.dot_do_o.batch_stride + head * p.dot_do_o.head_stride + i] = acc;
+  }
+}
+
+}  // namespace
+
+cudaError_t run_bwd_preprocess(const BwdParams& params, DType dtype, cudaStream_t stream) {
+  const int64_t blocks = (params.total_rows_q + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(blocks), params.fwd.heads_q);
+  if (dtype == DType::kBFloat16) {
+    dot_do_o_kernel<__nv_bfloat16><<<grid, kWarpsPerBlock * 32, 0, stream>>>(params);
+  } else {
+    dot_do_o_kernel<__half><<<grid, kWarpsPerBlock * 32, 0, stream>>>(params);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flash_cuda::sm80

@@ -1,0 +1,302 @@
+// Portable attention forward: one block per (query tile, head, batch element), walking the key
+// tiles its rows can see with an online softmax; Q.K^T and P.V on mma.sync, loads on cp.async.
+// Masking, sequence geometry and tile shapes come from the shared components.
+#pragma once
+
+#include <cmath>
+
+#include "common/params.h"
+#include "common/ptx.cuh"
+#include "common/seqlen_info.cuh"
+#include "sm80/smem_tile.cuh"
+#include "sm80/tile_config.h"
+
+namespace flash_cuda::sm80 {
+
+template <class ElementTag, int kHeadDim_>
+struct FwdKernel {
+  using Element = typename DeviceType<ElementTag>::type;
+  using Config = FwdTileConfig<kHeadDim_>;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kNWarps = Config::kNWarps;
+  static constexpr int kThreads = kNWarps * 32;
+  static constexpr int kWarpRows = kBlockM / kNWarps;
+  static constexpr int kMTiles = kWarpRows / 16;  // m16 MMA tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;     // n8 tiles of S per warp
+  static constexpr int kDTiles = kHeadDim / 8;    // n8 tiles of O per warp
+  static constexpr int kPitch = PaddedRows<kHeadDim>::kPitch;
+  static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "MMA k-steps are 16 wide");
+
+  // O is staged through q's buffer in the epilogue (each warp rewrites only its own rows).
+  struct SharedStorage {
+    Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) padded
+    Element k[kBlockN * kPitch];  // (kBlockN, kHeadDim) padded
+    Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) padded
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+
+  // Per-thread state of the online softmax for its 2 * kMTiles rows.
+  struct RowState {
+    float max[kMTiles][2];
+    float sum[kMTiles][2];  // partial over this thread's columns; reduced in the epilogue
+  };
+
+  // s[mt][nt] += Q[warp rows] . K^T for one key tile (fp32 accumulators, m16n8 layout).
+  static __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4],
+                                                 const Element* sq, const Element* sk,
+                                                 int warp_row0, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ldmatrix_x4(a[mt], sq + (warp_row0 + mt * 16 + lane % 16) * kPitch + ks * 16 +
+                               (lane / 16) * 8);
+      }
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        // Matrices: keys 0-7 | k 0-7, keys 0-7 | k 8-15, keys 8-15 | k 0-7, keys 8-15 | k 8-15.
+        uint32_t b[4];
+        ldmatrix_x4(b, sk + (np * 16 + (lane / 16) * 8 + lane % 8) * kPitch + ks * 16 +
+                           ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<Element>(s[mt][2 * np], a[mt], b[0], b[1]);
+          mma_16816<Element>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // o[mt][dt] += P . V, with P taken from the S accumulators: the m16n8 accumulator layout of
+  // two adjacent n8 tiles is exactly the m16k16 A-operand layout, so P never leaves registers.
+  static __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4],
+                                                 const float (&p)[kMTiles][kNTiles][4],
+                                                 const Element* sv, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        a[mt][0] = pack2<Element>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+        a[mt][1] = pack2<Element>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+        a[mt][2] = pack2<Element>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<Element>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        // V is (key, dim) in smem; .trans hands each thread the key pair the B operand needs.
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sv + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kPitch +
+                                 dp * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<Element>(o[mt][2 * dp], a[mt], b[0], b[1]);
+          mma_16816<Element>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // Masks S outside each row's visible key range; the range is computed once per row so the
+  // per-element test is one compare against compile-time column offsets.
+  static __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4],
+                                                    const MaskInfo& mask, int row0, int col0,
+                                                    int lane) {
+    const int col_base = col0 + (lane % 4) * 2;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        int lo, hi;
+        mask.visible_keys(row0 + mt * 16 + lane / 4 + r * 8, lo, hi);
+        lo -= col_base;
+        hi -= col_base;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = nt * 8 + e;
+            if (c < lo || c >= hi) s[mt][nt][2 * r + e] = -INFINITY;
+          }
+      }
+  }
+
+  // Online softmax step: new running max, rescale of the old sum and O, S -> P in place.
+  static __device__ __forceinline__ void softmax_step(float (&s)[kMTiles][kNTiles][4],
+                                                      float (&o)[kMTiles][kDTiles][4],
+                                                      RowState& st, float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = st.max[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        }
+        // The four threads of a quad hold the same row.
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        // A fully masked row so far keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
+        const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float correction = fast_exp2(st.max[mt][r] * scale_log2 - mx_scaled);
+        st.max[mt][r] = mx;
+        float sum = st.sum[mt][r] * correction;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mt][dt][2 * r] *= correction;
+          o[mt][dt][2 * r + 1] *= correction;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[mt][nt][e] = fast_exp2(s[mt][nt][e] * scale_log2 - mx_scaled);
+            sum += s[mt][nt][e];
+          }
+        }
+        st.sum[mt][r] = sum;
+      }
+  }
+
+  static __device__ void run(const FwdParams& p, SharedStorage& smem);
+  static __device__ void epilogue(const FwdParams& p, SharedStorage& smem,
+                                  float (&o)[kMTiles][kDTiles][4], RowState& st,
+                                  const SeqlenInfo& sq, int m0, int head, int batch);
+};
+
+template <class ElementTag, int kHeadDim>
+__device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedStorage& smem) {
+  // Largest-first order: with a causal mask the last query tiles have the most keys.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const SeqlenInfo sq(p.seq_q, batch);
+  const SeqlenInfo sk(p.seq_k, batch);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= sq.extent) return;
+  const int head_kv = head / (p.heads_q / p.heads_kv);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warp_row0 = warp * kWarpRows;
+  const MaskInfo mask(sq.len, sk.len, p.window_left, p.window_right);
+  int n_begin, n_end;
+  mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+
+  const Element* gq = static_cast<const Element*>(p.q.ptr) + batch * p.q.batch_stride +
+                      int64_t(sq.offset + m0) * p.q.row_stride + head * p.q.head_stride;
+  const Element* gk = static_cast<const Element*>(p.k.ptr) + batch * p.k.batch_stride +
+                      int64_t(sk.offset) * p.k.row_stride + head_kv * p.k.head_stride;
+  const Element* gv = static_cast<const Element*>(p.v.ptr) + batch * p.v.batch_stride +
+                      int64_t(sk.offset) * p.v.row_stride + head_kv * p.v.head_stride;
+  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+
+  float o[kMTiles][kDTiles][4];
+  RowState st;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    st.max[mt][0] = st.max[mt][1] = -INFINITY;
+    st.sum[mt][0] = st.sum[mt][1] = 0.f;
+  }
+
+  if (n_begin < n_end) {
+    load_tile_async<kBlockM, kHeadDim, kThreads>(smem.q, gq, p.q.row_stride, sq.extent - m0,
+                                                 p.head_dim);
+    // Key tiles run last to first so the first one visited is the partially masked diagonal.
+    int n = n_end - 1;
+    load_tile_async<kBlockN, kHeadDim, kThreads>(smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride,
+                                                 p.k.row_stride, sk.extent - n * kBlockN,
+                                                 p.head_dim);
+    cp_async_commit();
+    for (; n >= n_begin; --n) {
+      const int n0 = n * kBlockN;
+      // K[n] (and Q) landed; every warp is done with V[n+1], so V[n] may overwrite it.
+      cp_async_wait<0>();
+      __syncthreads();
+      load_tile_async<kBlockN, kHeadDim, kThreads>(smem.v, gv + int64_t(n0) * p.v.row_stride,
+                                                   p.v.row_stride, sk.extent - n0, p.head_dim);
+      cp_async_commit();
+
+      float s[kMTiles][kNTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+      gemm_qk(s, smem.q, smem.k, warp_row0, lane);
+      if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
+        apply_mask(s, mask, m0 + warp_row0, n0, lane);
+      }
+      softmax_step(s, o, st, scale_log2);
+
+      // V[n] landed; every warp is done reading K[n], so K[n-1] may overwrite it.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (n > n_begin) {
+        load_tile_async<kBlockN, kHeadDim, kThreads>(
+            smem.k, gk + int64_t(n0 - kBlockN) * p.k.row_stride, p.k.row_stride,
+            sk.extent - (n0 - kBlockN), p.head_dim);
+        cp_async_commit();
+      }
+      gemm_pv(o, s, smem.v, lane);
+    }
+  }
+  epilogue(p, smem, o, st, sq, m0, head, batch);
+}
+
+// Normalises O by the row sums, writes lse, and stores O through shared memory so that global
+// writes are whole 16-byte chunks.  Rows that saw no key get O = 0 and lse = -inf.
+template <class ElementTag, int kHeadDim>
+__device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, SharedStorage& smem,
+                                                          float (&o)[kMTiles][kDTiles][4],
+                                                          RowState& st, const SeqlenInfo& sq,
+                                                          int m0, int head, int batch) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warp_row0 = warp * kWarpRows;
+  float* lse = p.lse.ptr + batch * p.lse.batch_stride + head * p.lse.head_stride + sq.offset + m0;
+  Element* so = smem.q;  // this warp's rows of the q tile are no longer read by anyone
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = st.sum[mt][r];
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int row = warp_row0 + mt * 16 + lane / 4 + r * 8;
+      if (lane % 4 == 0 && m0 + row < sq.extent) {
+        lse[row] = sum > 0.f ? st.max[mt][r] * p.softmax_scale + logf(sum) : -INFINITY;
+      }
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        *reinterpret_cast<uint32_t*>(so + row * kPitch + dt * 8 + (lane % 4) * 2) =
+            pack2<Element>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+      }
+    }
+  __syncthreads();  // the copy-out below reads rows written by other warps
+  Element* go = static_cast<Element*>(p.o.ptr) + batch * p.o.batch_stride +
+                int64_t(sq.offset + m0) * p.o.row_stride + head * p.o.head_stride;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int chunk = threadIdx.x; chunk < kBlockM * kChunksPerRow; chunk += kThreads) {
+    const int row = chunk / kChunksPerRow;
+    const int col = (chunk % kChunksPerRow) * 8;
+    if (m0 + row < sq.extent && col < p.head_dim) {
+      *reinterpret_cast<uint4*>(go + row * p.o.row_stride + col) =
+          *reinterpret_cast<const uint4*>(so + row * kPitch + col);
+    }
+  }
+}
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads) fwd_kernel(const __grid_constant__ FwdParams params) {
+  extern __shared__ __align__(16) char smem_buf[];
+  Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+}
+
+}  // namespace flash_cuda::sm80

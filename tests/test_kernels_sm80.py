@@ -1,0 +1,232 @@
+"""GPU correctness of the portable (sm80) kernels against the float32 reference.
+
+Rule (FlashAttention's): for out, lse, dq, dk, dv our max error against the float32 reference is
+at most twice the error of the same reference computed in the input dtype, plus an absolute
+term for float32 rounding noise.  Inputs are fresh random tensors; outputs land in memory that
+was poisoned with NaN first, so an element the kernels never write fails the test.
+"""
+
+import math
+
+import pytest
+import torch
+
+from flash_cuda.reference import attention_backward_reference, attention_forward_reference
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def compiled_head_dims():
+    if not torch.cuda.is_available():
+        return [64]
+    import flash_cuda
+    return sorted(flash_cuda.build_info()["head_dims"]["fwd"])
+
+
+# Every compiled head dim plus ones that run on the next size up.
+HEAD_DIMS = sorted(set(compiled_head_dims()) | {8, 72, 136})
+FAST_HEAD_DIMS = [compiled_head_dims()[0], 72]
+
+
+def poison_allocator():
+    """Fills the caching allocator's free memory with NaN so unwritten outputs show up."""
+    junk = torch.full((64 << 20,), float("nan"), device="cuda", dtype=torch.float32)
+    del junk
+
+
+def max_err(a, b):
+    a, b = a.float(), b.float()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
+    diff = (a - b).abs().masked_fill(both_inf, 0)
+    return diff.nan_to_num(nan=float("inf")).max().item() if diff.numel() else 0.0
+
+
+def assert_close(name, ours, ref, ref_lowp, atol):
+    assert not torch.isnan(ours).any(), f"{name} holds NaN (unwritten or bad arithmetic)"
+    err, base = max_err(ours, ref), max_err(ref_lowp, ref)
+    assert err <= 2 * base + atol, f"{name}: error {err:.3e} > 2 x {base:.3e} + {atol:.1e}"
+
+
+def make(shape, dtype, requires_grad=False):
+    return torch.randn(shape, device="cuda", dtype=dtype).requires_grad_(requires_grad)
+
+
+def run_and_check(q, k, v, fn_ours, ref_kwargs, check_grad=True):
+    """fn_ours(q, k, v) -> (out, lse); compares out, lse and (optionally) the gradients."""
+    poison_allocator()
+    q_, k_, v_ = (t.detach().requires_grad_(check_grad) for t in (q, k, v))
+    out, lse = fn_ours(q_, k_, v_)
+    ref = attention_forward_reference(q, k, v, **ref_kwargs)
+    ref_lp = attention_forward_reference(q, k, v, upcast=False, **ref_kwargs)
+    assert_close("out", out, ref[0], ref_lp[0], 1e-3)
+    assert_close("lse", lse, ref[1], ref_lp[1], 1e-3)
+    if not check_grad:
+        return
+    dout = torch.randn_like(out)
+    poison_allocator()
+    dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), dout)
+    grads = attention_backward_reference(dout, q, k, v, ref[0], ref[1], **ref_kwargs)
+    grads_lp = attention_backward_reference(dout, q, k, v, ref_lp[0], ref_lp[1], upcast=False,
+                                            **ref_kwargs)
+    for name, ours, r, r_lp in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, grads_lp):
+        assert_close(name, ours, r, r_lp, 2e-3)
+
+
+def dense_case(dtype, d, seqlen_q, seqlen_k, heads, heads_kv, window, causal, batch=2):
+    from flash_cuda import flash_attn_func
+    q = make((batch, seqlen_q, heads, d), dtype)
+    k = make((batch, seqlen_k, heads_kv, d), dtype)
+    v = make((batch, seqlen_k, heads_kv, d), dtype)
+    scale = 1.0 / math.sqrt(d)
+
+    def ours(q_, k_, v_):
+        return flash_attn_func(q_, k_, v_, softmax_scale=scale, causal=causal,
+                               window_size=window, return_attn_probs=True)
+
+    ref_kwargs = dict(softmax_scale=scale, causal=causal, window_left=window[0],
+                      window_right=window[1])
+    run_and_check(q, k, v, ours, ref_kwargs)
+
+
+MASKS = [((-1, -1), False), ((-1, -1), True), ((64, 0), False), ((17, 5), False),
+         ((0, 0), False), ((-1, 3), True)]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", FAST_HEAD_DIMS)
+@pytest.mark.parametrize("window,causal", MASKS[:3])
+@pytest.mark.parametrize("seqlens", [(1, 1), (113, 203), (256, 128)])
+def test_dense_fast(dtype, d, window, causal, seqlens):
+    dense_case(dtype, d, seqlens[0], seqlens[1], 4, 2, window, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("window,causal", MASKS)
+@pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (113, 203), (1000, 512), (512, 1000)])
+def test_dense(dtype, d, window, causal, seqlens):
+    dense_case(dtype, d, seqlens[0], seqlens[1], 2, 2, window, causal)
+
+
+@pytest.mark.parametrize("ratio", [1, 4, 8])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlens", [(2048, 2048), (17, 2100)])
+def test_gqa_long(ratio, causal, seqlens):
+    dense_case(torch.bfloat16, 128 if 128 in compiled_head_dims() else compiled_head_dims()[0],
+               seqlens[0], seqlens[1], 8, 8 // ratio, (-1, -1), causal, batch=1)
+
+
+def varlen_case(dtype, d, lens_q, lens_k, heads, heads_kv, window, causal, seqused=None):
+    from flash_cuda import flash_attn_varlen_func
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    q = make((int(cu_q[-1]) + 3, heads, d), dtype)  # 3 trailing rows outside every sequence
+    k = make((int(cu_k[-1]), heads_kv, d), dtype)
+    v = make((int(cu_k[-1]), heads_kv, d), dtype)
+    used_q = used_k = None
+    if seqused is not None:
+        used_q = torch.tensor([min(s, l) for s, l in zip(seqused, lens_q)], dtype=torch.int32,
+                              device="cuda")
+        used_k = torch.tensor([min(s, l) for s, l in zip(seqused, lens_k)], dtype=torch.int32,
+                              device="cuda")
+
+    def ours(q_, k_, v_):
+        return flash_attn_varlen_func(q_, k_, v_, cu_q, cu_k, max(lens_q), max(lens_k),
+                                      seqused_q=used_q, seqused_k=used_k, causal=causal,
+                                      window_size=window, return_attn_probs=True)
+
+    ref_kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_q=used_q, seqused_k=used_k,
+                      causal=causal, window_left=window[0], window_right=window[1])
+    run_and_check(q, k, v, ours, ref_kwargs)
+
+
+VARLEN_BATCHES = [([0, 1, 17, 300, 0, 129], [5, 0, 17, 200, 3, 129]),
+                  ([1000, 1, 2], [1000, 2048, 1])]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window,causal", MASKS[:3])
+def test_varlen_fast(dtype, window, causal):
+    lens_q, lens_k = VARLEN_BATCHES[0]
+    varlen_case(dtype, FAST_HEAD_DIMS[0], lens_q, lens_k, 4, 1, window, causal)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("window,causal", MASKS)
+@pytest.mark.parametrize("batch", VARLEN_BATCHES)
+def test_varlen(d, window, causal, batch):
+    varlen_case(torch.bfloat16, d, batch[0], batch[1], 4, 2, window, causal)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_seqused(causal):
+    lens_q, lens_k = VARLEN_BATCHES[0]
+    varlen_case(torch.float16, FAST_HEAD_DIMS[0], lens_q, lens_k, 2, 2, (-1, -1), causal,
+                seqused=[0, 1, 9, 250, 0, 64])
+
+
+@pytest.mark.fast
+def test_strided_inputs_read_in_place():
+    """Only the last dim must be contiguous: a packed qkv buffer is read through views."""
+    from flash_cuda import flash_attn_func, flash_attn_qkvpacked_func
+    d = FAST_HEAD_DIMS[0]
+    qkv = make((2, 300, 3, 4, d), torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    assert q.stride(-1) == 1 and not q.is_contiguous()
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(out, ref)
+    assert torch.equal(flash_attn_qkvpacked_func(qkv, causal=True), ref)
+
+
+@pytest.mark.fast
+def test_misaligned_strides_still_correct():
+    from flash_cuda import flash_attn_func
+    d = FAST_HEAD_DIMS[0]
+    base = make((2, 100, 4, d + 4), torch.float16)
+    q = base[..., 4:]  # rows start 8 bytes in: not 16-byte aligned
+    k, v = make((2, 100, 4, d), torch.float16), make((2, 100, 4, d), torch.float16)
+    out = flash_attn_func(q, k, v)
+    ref = flash_attn_func(q.contiguous(), k, v)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.fast
+def test_no_visible_key_gives_zero_and_no_nan():
+    from flash_cuda import flash_attn_func
+    d = FAST_HEAD_DIMS[0]
+    q, k, v = (make((1, n, 2, d), torch.bfloat16, True) for n in (64, 16, 16))
+    out, lse = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    # bottom-right causal: the first 48 query rows see no key
+    assert (out[:, :48] == 0).all() and torch.isinf(lse[..., :48]).all()
+    out.sum().backward()
+    for g in (q.grad, k.grad, v.grad):
+        assert torch.isfinite(g).all()
+    assert (q.grad[:, :48] == 0).all()
+
+
+def test_large_tensor_64bit_offsets():
+    """More than 2^31 elements in k/v: offsets must not wrap."""
+    from flash_cuda import flash_attn_func
+    free, _ = torch.cuda.mem_get_info()
+    if free < 24 << 30:
+        pytest.skip("needs 24 GiB of free GPU memory")
+    d = FAST_HEAD_DIMS[0]
+    seqlen_k = (2**31) // (8 * d) + 4096
+    k = torch.randn((1, seqlen_k, 8, d), device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = make((1, 64, 8, d), torch.bfloat16)
+    out = flash_attn_func(q, k, v, window_size=(0, 200), causal=False)
+    # only the last ~264 keys are visible to the 64 rows: compare on that slice
+    tail = seqlen_k - 64 - 256
+    ref = attention_forward_reference(q, k[:, tail:], v[:, tail:], window_left=0,
+                                      window_right=200)[0]
+    assert (out.float() - ref.float()).abs().max().item() < 2e-2
