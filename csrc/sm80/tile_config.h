@@ -8,20 +8,20 @@ namespace flash_cuda::sm80 {
 // rows.  The binding resource is registers: a thread holds (rows per warp) x (kHeadDim + kBlockN)
 // / 32 fp32 accumulators for O and S.
 template <int kHeadDim> struct FwdTileConfig;
-template <> struct FwdTileConfig<64> {  // O 64 + S 128 regs; 32 rows per warp halve K reads
-  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
+template <> struct FwdTileConfig<64> {  // O 64 + S 64 regs
+  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
 template <> struct FwdTileConfig<96> {  // O 96 + S 64 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
-template <> struct FwdTileConfig<128> {  // O 128 + S 64 regs
-  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
+template <> struct FwdTileConfig<128> {  // O 128 + S 32 regs: kBlockN = 64 spills
+  static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 4;
 };
 template <> struct FwdTileConfig<192> {  // 16 rows per warp: O 96 + S 32 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
 };
-template <> struct FwdTileConfig<256> {  // O 128 + S 32 regs; smem 135 KB (Q 68 + K 34 + V 34)
-  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
+template <> struct FwdTileConfig<256> {  // O 128 + S 16 regs: kBlockN = 64 spills; smem 101 KB
+  static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 8;
 };
 
 // Backward: a block owns kBlockN keys (16 per warp) and walks the query blocks of kBlockM rows.
@@ -38,11 +38,11 @@ template <> struct BwdTileConfig<96> {  // smem 125 KB
 template <> struct BwdTileConfig<128> {  // smem 157 KB: the sm80 limit allows two stages only here
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kSlices = 1, kStages = 2;
 };
-template <> struct BwdTileConfig<192> {  // smem 111 KB; two stages would pass 163 KB
-  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 1;
+template <> struct BwdTileConfig<192> {  // kBlockM = 64 spills; smem 107 KB
+  static constexpr int kBlockM = 32, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 2;
 };
-template <> struct BwdTileConfig<256> {  // smem 144 KB
-  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 1;
+template <> struct BwdTileConfig<256> {  // kBlockM = 64 spills 440 bytes; smem 140 KB
+  static constexpr int kBlockM = 32, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 2;
 };
 
 }  // namespace flash_cuda::sm80
