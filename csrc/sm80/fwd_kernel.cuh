@@ -71,21 +71,12 @@ struct FwdKernel {
     }
   }
 
-  // o[mt][dt] += P . V, with P taken from the S accumulators: the m16n8 accumulator layout of
-  // two adjacent n8 tiles is exactly the m16k16 A-operand layout, so P never leaves registers.
+  // o[mt][dt] += P . V.  P arrives packed to 16 bits in the A-operand layout (see pack_p).
   static __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4],
-                                                 const float (&p)[kMTiles][kNTiles][4],
+                                                 const uint32_t (&p)[kMTiles][kBlockN / 16][4],
                                                  const Element* sv, int lane) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        a[mt][0] = pack2<Element>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-        a[mt][1] = pack2<Element>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-        a[mt][2] = pack2<Element>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-        a[mt][3] = pack2<Element>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         // V is (key, dim) in smem; .trans hands each thread the key pair the B operand needs.
@@ -94,11 +85,27 @@ struct FwdKernel {
                                  dp * 16 + (lane / 16) * 8);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<Element>(o[mt][2 * dp], a[mt], b[0], b[1]);
-          mma_16816<Element>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+          mma_16816<Element>(o[mt][2 * dp], p[mt][kk], b[0], b[1]);
+          mma_16816<Element>(o[mt][2 * dp + 1], p[mt][kk], b[2], b[3]);
         }
       }
     }
+  }
+
+  // The m16n8 accumulator layout of two adjacent n8 tiles is exactly the m16k16 A-operand
+  // layout, so P goes from the S accumulators to the PV MMA without leaving registers; packing
+  // right after the softmax frees the fp32 copy early (it is what keeps kBlockN = 64 unspilled).
+  static __device__ __forceinline__ void pack_p(uint32_t (&p)[kMTiles][kBlockN / 16][4],
+                                                const float (&s)[kMTiles][kNTiles][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        p[mt][kk][0] = pack2<Element>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        p[mt][kk][1] = pack2<Element>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        p[mt][kk][2] = pack2<Element>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        p[mt][kk][3] = pack2<Element>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
   }
 
   // Masks S outside each row's visible key range; the range is computed once per row so the
@@ -233,6 +240,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
         apply_mask(s, mask, m0 + warp_row0, n0, lane);
       }
       softmax_step(s, o, st, scale_log2);
+      uint32_t p_packed[kMTiles][kBlockN / 16][4];
+      pack_p(p_packed, s);
 
       // V[n] landed; every warp is done reading K[n], so K[n-1] may overwrite it.
       cp_async_wait<0>();
@@ -243,7 +252,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
             sk.extent - (n0 - kBlockN), p.head_dim);
         cp_async_commit();
       }
-      gemm_pv(o, s, smem.v, lane);
+      gemm_pv(o, p_packed, smem.v, lane);
     }
   }
   epilogue(p, smem, o, st, sq, m0, head, batch);
