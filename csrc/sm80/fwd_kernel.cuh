@@ -133,9 +133,13 @@ struct FwdKernel {
   }
 
   // Online softmax step: new running max, rescale of the old sum and O, S -> P in place.
+  // Rescaling O costs kDTiles * 4 multiplies per row; once the running max has settled (most
+  // key tiles of a long row) no row of the warp changes it and the warp skips the rescale.
   static __device__ __forceinline__ void softmax_step(float (&s)[kMTiles][kNTiles][4],
                                                       float (&o)[kMTiles][kDTiles][4],
                                                       RowState& st, float scale_log2) {
+    float correction[kMTiles][2];
+    bool any_change = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -150,14 +154,10 @@ struct FwdKernel {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         // A fully masked row so far keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
         const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float correction = fast_exp2(st.max[mt][r] * scale_log2 - mx_scaled);
+        any_change |= mx != st.max[mt][r];
+        correction[mt][r] = fast_exp2(st.max[mt][r] * scale_log2 - mx_scaled);
         st.max[mt][r] = mx;
-        float sum = st.sum[mt][r] * correction;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][2 * r] *= correction;
-          o[mt][dt][2 * r + 1] *= correction;
-        }
+        float sum = st.sum[mt][r] * correction[mt][r];
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
@@ -168,6 +168,17 @@ struct FwdKernel {
         }
         st.sum[mt][r] = sum;
       }
+    if (__any_sync(0xffffffff, any_change)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mt][dt][0] *= correction[mt][0];
+          o[mt][dt][1] *= correction[mt][0];
+          o[mt][dt][2] *= correction[mt][1];
+          o[mt][dt][3] *= correction[mt][1];
+        }
+    }
   }
 
   static __device__ void run(const FwdParams& p, SharedStorage& smem);
