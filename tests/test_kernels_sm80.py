@@ -16,14 +16,19 @@ from flash_cuda.reference import attention_backward_reference, attention_forward
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-DTYPES = [torch.bfloat16, torch.float16]
+def build_info():
+    if not torch.cuda.is_available():
+        return {"head_dims": {"fwd": [64]}, "dtypes": ["bf16", "fp16"]}
+    import flash_cuda
+    return flash_cuda.build_info()
 
 
 def compiled_head_dims():
-    if not torch.cuda.is_available():
-        return [64]
-    import flash_cuda
-    return sorted(flash_cuda.build_info()["head_dims"]["fwd"])
+    return sorted(build_info()["head_dims"]["fwd"])
+
+
+DTYPES = [dt for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16))
+          if name in build_info()["dtypes"]]
 
 
 # Every compiled head dim plus ones that run on the next size up.
@@ -116,7 +121,7 @@ def test_dense(dtype, d, window, causal, seqlens):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(2048, 2048), (17, 2100)])
 def test_gqa_long(ratio, causal, seqlens):
-    dense_case(torch.bfloat16, 128 if 128 in compiled_head_dims() else compiled_head_dims()[0],
+    dense_case(DTYPES[0], 128 if 128 in compiled_head_dims() else compiled_head_dims()[0],
                seqlens[0], seqlens[1], 8, 8 // ratio, (-1, -1), causal, batch=1)
 
 
@@ -162,14 +167,14 @@ def test_varlen_fast(dtype, window, causal):
 @pytest.mark.parametrize("window,causal", MASKS)
 @pytest.mark.parametrize("batch", VARLEN_BATCHES)
 def test_varlen(d, window, causal, batch):
-    varlen_case(torch.bfloat16, d, batch[0], batch[1], 4, 2, window, causal)
+    varlen_case(DTYPES[0], d, batch[0], batch[1], 4, 2, window, causal)
 
 
 @pytest.mark.fast
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_seqused(causal):
     lens_q, lens_k = VARLEN_BATCHES[0]
-    varlen_case(torch.float16, FAST_HEAD_DIMS[0], lens_q, lens_k, 2, 2, (-1, -1), causal,
+    varlen_case(DTYPES[-1], FAST_HEAD_DIMS[0], lens_q, lens_k, 2, 2, (-1, -1), causal,
                 seqused=[0, 1, 9, 250, 0, 64])
 
 
@@ -178,7 +183,7 @@ def test_strided_inputs_read_in_place():
     """Only the last dim must be contiguous: a packed qkv buffer is read through views."""
     from flash_cuda import flash_attn_func, flash_attn_qkvpacked_func
     d = FAST_HEAD_DIMS[0]
-    qkv = make((2, 300, 3, 4, d), torch.bfloat16)
+    qkv = make((2, 300, 3, 4, d), DTYPES[0])
     q, k, v = qkv.unbind(2)
     assert q.stride(-1) == 1 and not q.is_contiguous()
     out = flash_attn_func(q, k, v, causal=True)
@@ -191,9 +196,9 @@ def test_strided_inputs_read_in_place():
 def test_misaligned_strides_still_correct():
     from flash_cuda import flash_attn_func
     d = FAST_HEAD_DIMS[0]
-    base = make((2, 100, 4, d + 4), torch.float16)
+    base = make((2, 100, 4, d + 4), DTYPES[0])
     q = base[..., 4:]  # rows start 8 bytes in: not 16-byte aligned
-    k, v = make((2, 100, 4, d), torch.float16), make((2, 100, 4, d), torch.float16)
+    k, v = make((2, 100, 4, d), DTYPES[0]), make((2, 100, 4, d), DTYPES[0])
     out = flash_attn_func(q, k, v)
     ref = flash_attn_func(q.contiguous(), k, v)
     assert torch.equal(out, ref)
@@ -203,7 +208,7 @@ def test_misaligned_strides_still_correct():
 def test_no_visible_key_gives_zero_and_no_nan():
     from flash_cuda import flash_attn_func
     d = FAST_HEAD_DIMS[0]
-    q, k, v = (make((1, n, 2, d), torch.bfloat16, True) for n in (64, 16, 16))
+    q, k, v = (make((1, n, 2, d), DTYPES[0], True) for n in (64, 16, 16))
     out, lse = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     # bottom-right causal: the first 48 query rows see no key
     assert (out[:, :48] == 0).all() and torch.isinf(lse[..., :48]).all()
@@ -221,9 +226,9 @@ def test_large_tensor_64bit_offsets():
         pytest.skip("needs 24 GiB of free GPU memory")
     d = FAST_HEAD_DIMS[0]
     seqlen_k = (2**31) // (8 * d) + 4096
-    k = torch.randn((1, seqlen_k, 8, d), device="cuda", dtype=torch.bfloat16)
+    k = torch.randn((1, seqlen_k, 8, d), device="cuda", dtype=DTYPES[0])
     v = torch.randn_like(k)
-    q = make((1, 64, 8, d), torch.bfloat16)
+    q = make((1, 64, 8, d), DTYPES[0])
     out = flash_attn_func(q, k, v, window_size=(0, 200), causal=False)
     # only the last ~264 keys are visible to the 64 rows: compare on that slice
     tail = seqlen_k - 64 - 256
