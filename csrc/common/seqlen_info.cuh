@@ -21,7 +21,8 @@ struct SeqlenInfo {
       offset = 0;
       extent = args.seqlen;
     }
-    len = args.seqused != nullptr ? min(args.seqused[batch_idx], extent) : extent;
+    // seqused is clamped to the sequence (the Python API rejects values outside [0, extent]).
+    len = args.seqused != nullptr ? max(0, min(args.seqused[batch_idx], extent)) : extent;
   }
 };
 

@@ -55,6 +55,7 @@ void check_seq_tensor(const OptTensor& t, const char* name, int64_t expected_len
   TORCH_CHECK_VALUE(t->device() == q.device(), name, " must be on the same device as q");
   TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == expected_len, name, " must have shape (",
                     expected_len, ",); got ", t->sizes());
+  TORCH_CHECK_VALUE(t->is_contiguous(), name, " must be contiguous (it is read as a plain array)");
 }
 
 // The kernels copy 16-byte chunks, so each row must start 16-byte aligned.
@@ -111,6 +112,8 @@ FwdParams problem(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
                   int64_t window_left, int64_t window_right) {
   const bool varlen = cu_q.has_value();
   TORCH_CHECK_VALUE(cu_k.has_value() == varlen, "cu_seqlens_q and cu_seqlens_k go together");
+  TORCH_CHECK_VALUE(!varlen || (cu_q->dim() == 1 && cu_q->size(0) >= 1),
+                    "cu_seqlens_q must be 1-D with batch + 1 >= 1 entries");
   check_qkv(q, k, v, varlen);
   const int64_t batch = varlen ? cu_q->size(0) - 1 : q.size(0);
   TORCH_CHECK_VALUE(batch >= 0 && batch <= 65535 / 2, "batch must be at most 32767; got ", batch);
@@ -196,6 +199,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
                     "dout and out must have q's shape and dtype");
   TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous(),
                     "softmax_lse must be a contiguous float32 tensor");
+  const auto lse_shape = varlen ? std::vector<int64_t>{q.size(-2), q.size(0)}
+                                : std::vector<int64_t>{q.size(0), q.size(-2), q.size(1)};
+  TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape), "softmax_lse must have shape ",
+                    at::IntArrayRef(lse_shape), " (the forward's); got ", lse.sizes());
   const c10::cuda::CUDAGuard guard(q.device());
   const DType dtype = q.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
   const KernelChoice kernel = find_bwd(device_arch(q), dtype, f.head_dim);
