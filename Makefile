@@ -9,7 +9,7 @@ OUT ?= bench_out
 
 build:
 	$(PY) -m pip install --no-build-isolation --no-deps -v -e . > build.log 2>&1 || { tail -40 build.log; exit 1; }
-	grep -E "^flash_cuda:" build.log
+	grep -E "^ *flash_cuda: " build.log | sed "s/^ *//" | awk '!seen[$$0]++'
 
 test:
 	$(PY) -m pytest tests -q

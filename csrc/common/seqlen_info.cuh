@@ -57,6 +57,13 @@ struct MaskInfo {
     if (i >= len_q) hi = lo;
   }
 
+  // Queries [lo, hi) that see key j (empty when lo >= hi).
+  __device__ __forceinline__ void visible_queries(int j, int& lo, int& hi) const {
+    lo = window_right >= 0 ? max(0, j - diag - window_right) : 0;
+    hi = window_left >= 0 ? min(len_q, j - diag + window_left + 1) : len_q;
+    if (j >= len_k) hi = lo;
+  }
+
   // True when every (i, j) of rows [m0, m0 + bm) x keys [n0, n0 + bn) is visible: such tiles
   // skip the per-element mask.
   __device__ __forceinline__ bool tile_all_visible(int m0, int bm, int n0, int bn) const {

@@ -47,8 +47,8 @@ struct BwdKernel {
     Element q[kStages][kBlockM * kPitch];   // (kBlockM, kHeadDim) padded, per stage
     Element dout[kStages][kBlockM * kPitch];
     Element ds[kBlockN * kDsPitch];         // dS^T (kBlockN, kBlockM) padded
-    float lse_log2[kStages][kBlockM];       // lse * log2(e); 0 for rows that see nothing
-    float dot_do_o[kStages][kBlockM];       // rowsum(dO * O)
+    alignas(8) float lse_log2[kStages][kBlockM];  // lse * log2(e); 0 for rows that see nothing
+    alignas(8) float dot_do_o[kStages][kBlockM];  // rowsum(dO * O)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
@@ -122,17 +122,24 @@ struct BwdKernel {
     }
   }
 
-  // Masks S^T outside the keys each query column sees.
+  // Masks S^T outside the queries each of this thread's two keys is seen by; the range is
+  // computed once per key so the per-element test is one compare.
   static __device__ __forceinline__ void apply_mask(float (&s)[kQTiles][4], const MaskInfo& mask,
                                                     int key0, int q0, int lane) {
 #pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
+    for (int r = 0; r < 2; ++r) {
+      int lo, hi;
+      mask.visible_queries(key0 + lane / 4 + r * 8, lo, hi);
+      lo -= q0 + (lane % 4) * 2;
+      hi -= q0 + (lane % 4) * 2;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + lane / 4 + (e / 2) * 8;
-        const int query = q0 + nt * 8 + (lane % 4) * 2 + e % 2;
-        if (!mask.visible(query, key)) s[nt][e] = -INFINITY;
-      }
+      for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * 8 + e;
+          if (c < lo || c >= hi) s[nt][2 * r + e] = -INFINITY;
+        }
+    }
   }
 
   static __device__ void load_query_tile(const BwdParams& p, SharedStorage& smem,
@@ -187,24 +194,26 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::process_query_tile(
     apply_mask(s, mask, t.n0 + warp * 16, m0, lane);
   }
 #pragma unroll
-  for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float lse = smem.lse_log2[stage][nt * 8 + (lane % 4) * 2 + e % 2];
-      s[nt][e] = fast_exp2(s[nt][e] * scale_log2 - lse);
-    }
+  for (int nt = 0; nt < kQTiles; ++nt) {
+    const float2 lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][nt * 8 + (lane % 4) * 2]);
+    s[nt][0] = fast_exp2(s[nt][0] * scale_log2 - lse.x);
+    s[nt][1] = fast_exp2(s[nt][1] * scale_log2 - lse.y);
+    s[nt][2] = fast_exp2(s[nt][2] * scale_log2 - lse.x);
+    s[nt][3] = fast_exp2(s[nt][3] * scale_log2 - lse.y);
+  }
 
   float dp[kQTiles][4];  // dP^T, then dS^T
 #pragma unroll
   for (int nt = 0; nt < kQTiles; ++nt) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
   gemm_rows_t(dp, smem.v, smem.dout[stage], warp, lane);
 #pragma unroll
-  for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float dot = smem.dot_do_o[stage][nt * 8 + (lane % 4) * 2 + e % 2];
-      dp[nt][e] = s[nt][e] * (dp[nt][e] - dot);
-    }
+  for (int nt = 0; nt < kQTiles; ++nt) {
+    const float2 dot = *reinterpret_cast<const float2*>(&smem.dot_do_o[stage][nt * 8 + (lane % 4) * 2]);
+    dp[nt][0] = s[nt][0] * (dp[nt][0] - dot.x);
+    dp[nt][1] = s[nt][1] * (dp[nt][1] - dot.y);
+    dp[nt][2] = s[nt][2] * (dp[nt][2] - dot.x);
+    dp[nt][3] = s[nt][3] * (dp[nt][3] - dot.y);
+  }
 
   gemm_reg_a(dv, s, smem.dout[stage], col0, lane);
   gemm_reg_a(dk, dp, smem.q[stage], col0, lane);
@@ -225,6 +234,12 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::process_query_tile(
 
   const int wm = warp % kWarpsM;
   const int wd = warp / kWarpsM;
+  // Rows past the used queries and columns past the head dim get nothing; whole tiles (the
+  // common case) skip the per-element test.
+  const int row0 = m0 + wm * 16 + lane / 4;
+  const bool whole_tile = m0 + kBlockM <= sq.len && col0 + kSliceDim <= p.fwd.head_dim;
+  float* dq_row0 = t.gdq + int64_t(row0) * p.dq_accum.row_stride + (lane % 4) * 2;
+  float* dq_row8 = dq_row0 + 8 * p.dq_accum.row_stride;
 #pragma unroll
   for (int chunk0 = col0 + wd * kDqCols; chunk0 < col0 + (wd + 1) * kDqCols; chunk0 += kDqChunk) {
     float dq[kDqChunk / 8][4];
@@ -232,15 +247,15 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::process_query_tile(
     for (int dt = 0; dt < kDqChunk / 8; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
     gemm_dq(dq, smem.ds, smem.k, wm * 16, chunk0, lane);
 #pragma unroll
-    for (int dt = 0; dt < kDqChunk / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = m0 + wm * 16 + lane / 4 + (e / 2) * 8;
-        const int col = chunk0 + dt * 8 + (lane % 4) * 2 + e % 2;
-        if (row < sq.len && col < p.fwd.head_dim) {
-          atomicAdd(t.gdq + int64_t(row) * p.dq_accum.row_stride + col, dq[dt][e]);
-        }
+    for (int dt = 0; dt < kDqChunk / 8; ++dt) {
+      const int col = chunk0 + dt * 8;  // + (lane % 4) * 2, folded into dq_row*
+      if (whole_tile || (row0 < sq.len && col + (lane % 4) * 2 < p.fwd.head_dim)) {
+        red_add_f32x2(dq_row0 + col, dq[dt][0], dq[dt][1]);
       }
+      if (whole_tile || (row0 + 8 < sq.len && col + (lane % 4) * 2 < p.fwd.head_dim)) {
+        red_add_f32x2(dq_row8 + col, dq[dt][2], dq[dt][3]);
+      }
+    }
   }
 }
 
