@@ -24,16 +24,34 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
   constexpr int kChunksPerRow = kCols / 8;
   constexpr int kChunks = kRows * kChunksPerRow;
   static_assert(kCols % 8 == 0, "tiles are copied in 16-byte chunks of 8 elements");
+  if constexpr (kThreads % kChunksPerRow == 0 && kChunks % kThreads == 0) {
+    // Each thread keeps one column and walks rows kRowsPerPass apart: one 64-bit multiply per
+    // tile instead of one per chunk.
+    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+    const int row0 = threadIdx.x / kChunksPerRow;
+    const int col = (threadIdx.x % kChunksPerRow) * 8;
+    const bool col_valid = col < cols_valid;
+    const Element* src = gmem + row0 * row_stride + col;
+    const int64_t step = kRowsPerPass * row_stride;
 #pragma unroll
-  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
-    const int chunk = threadIdx.x + i * kThreads;
-    if (kChunks % kThreads != 0 && chunk >= kChunks) break;
-    const int row = chunk / kChunksPerRow;
-    const int col = (chunk % kChunksPerRow) * 8;
-    const bool valid = row < rows_valid && col < cols_valid;
-    // An invalid chunk reads nothing; its source address is kept in bounds anyway.
-    const Element* src = valid ? gmem + row * row_stride + col : gmem;
-    cp_async_16(smem + row * PaddedRows<kCols>::kPitch + col, src, valid);
+    for (int i = 0; i < kChunks / kThreads; ++i) {
+      const bool valid = col_valid && row0 + i * kRowsPerPass < rows_valid;
+      // An invalid chunk reads nothing; its source address is kept in bounds anyway.
+      cp_async_16(smem + (row0 + i * kRowsPerPass) * PaddedRows<kCols>::kPitch + col,
+                  valid ? src : gmem, valid);
+      src += step;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+      const int chunk = threadIdx.x + i * kThreads;
+      if (kChunks % kThreads != 0 && chunk >= kChunks) break;
+      const int row = chunk / kChunksPerRow;
+      const int col = (chunk % kChunksPerRow) * 8;
+      const bool valid = row < rows_valid && col < cols_valid;
+      const Element* src = valid ? gmem + row * row_stride + col : gmem;
+      cp_async_16(smem + row * PaddedRows<kCols>::kPitch + col, src, valid);
+    }
   }
 }
 
