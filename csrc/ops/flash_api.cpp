@@ -98,6 +98,13 @@ SeqArgs seq_args(const OptTensor& cu_seqlens, const OptTensor& seqused, int64_t 
   return s;
 }
 
+void check_launch(cudaError_t err, const char* direction, int head_dim) {
+  TORCH_CHECK(err == cudaSuccess, "flash_cuda: the ", direction, " kernel for head dim ", head_dim,
+              " failed to launch: ", cudaGetErrorString(err),
+              ". (GPUs of compute capability 8.6 / 8.9 offer 99 KB of shared memory per block, "
+              "less than the larger tiles need.)");
+}
+
 int device_arch(const Tensor& t) {
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
@@ -166,7 +173,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q_in, const Tensor& k_in, cons
   p.v = ref(v, varlen);
   p.o = ref(out, varlen);
   p.lse = stats_ref(lse, varlen);
-  C10_CUDA_CHECK(kernel.fwd(p, c10::cuda::getCurrentCUDAStream()));
+  check_launch(kernel.fwd(p, c10::cuda::getCurrentCUDAStream()), "forward", kernel.head_dim);
   return {out, lse};
 }
 
@@ -235,7 +242,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   p.total_rows_q = varlen ? q.size(0) : q.size(0) * q.size(1);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(sm80::run_bwd_preprocess(p, dtype, stream));
-  C10_CUDA_CHECK(kernel.bwd(p, stream));
+  check_launch(kernel.bwd(p, stream), "backward", kernel.head_dim);
 
   Tensor dq = dq_accum.mul_(scale).to(q.scalar_type());
   return {dq, sum_over_group(dk_expanded, k.size(-2)), sum_over_group(dv_expanded, k.size(-2))};

@@ -51,6 +51,7 @@ struct BwdKernel {
     alignas(8) float dot_do_o[kStages][kBlockM];  // rowsum(dO * O)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= kMaxSmemBytesSm80, "the tile config must fit an sm80 block");
 
   struct Tile {  // where this block's operands live
     const Element *gq, *gdo, *gk, *gv;

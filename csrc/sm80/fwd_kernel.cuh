@@ -37,6 +37,7 @@ struct FwdKernel {
     Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) padded
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= kMaxSmemBytesSm80, "the tile config must fit an sm80 block");
 
   // Per-thread state of the online softmax for its 2 * kMTiles rows.
   struct RowState {
