@@ -1,0 +1,66 @@
+"""csrc/manifest.py: the build knobs select the right kernels and the generator writes one
+translation unit per kernel plus the tables the dispatcher and build_info() read."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_manifest():
+    spec = importlib.util.spec_from_file_location("manifest_under_test", ROOT / "csrc" / "manifest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+manifest = load_manifest()
+
+
+def test_defaults_cover_the_whole_manifest():
+    archs, hdims, dtypes, directions = manifest.parse_knobs({})
+    assert archs == sorted(manifest.DEFAULT_ARCHS)
+    assert hdims == manifest.HEAD_DIMS
+    assert set(dtypes) == set(manifest.DTYPES) and directions == ("fwd", "bwd")
+
+
+def test_detected_gpu_sets_the_default_arch():
+    assert manifest.parse_knobs({}, detected_archs=[90])[0] == [90]
+
+
+def test_knobs_filter():
+    env = {"FLASH_CUDA_ARCHS": "90a;80", "FLASH_CUDA_HDIMS": "128,64", "FLASH_CUDA_DTYPES": "bf16",
+           "FLASH_CUDA_DISABLE_BACKWARD": "1"}
+    archs, hdims, dtypes, directions = manifest.parse_knobs(env)
+    assert archs == [80, 90] and hdims == (64, 128)
+    assert dtypes == ("bf16",) and directions == ("fwd",)
+    selected = manifest.select(archs, hdims, dtypes, directions)
+    names = sorted(k.name for k in selected["sm80"][1])
+    assert names == ["fwd_sm80_bf16_hdim128", "fwd_sm80_bf16_hdim64"]
+
+
+@pytest.mark.parametrize("env, word", [({"FLASH_CUDA_HDIMS": "72"}, "FLASH_CUDA_HDIMS"),
+                                       ({"FLASH_CUDA_DTYPES": "fp8"}, "FLASH_CUDA_DTYPES")])
+def test_unknown_knob_values_are_rejected(env, word):
+    with pytest.raises(ValueError, match=word):
+        manifest.parse_knobs(env)
+
+
+def test_no_family_below_sm80():
+    assert manifest.select([75], manifest.HEAD_DIMS, ("bf16",), ("fwd",)) == {}
+
+
+def test_generate_writes_units_and_tables(tmp_path):
+    selected = manifest.select([90], (64, 128), ("fp16",), ("fwd", "bwd"))
+    sources = manifest.generate(str(tmp_path), [90], selected)
+    assert len(sources["sm80"]) == 4
+    unit = (tmp_path / "bwd_sm80_fp16_hdim128.cu").read_text()
+    assert "run_bwd<flash_cuda::half_t, 128>" in unit
+    table = (tmp_path / "kernel_table.inc").read_text()
+    assert sum(l.startswith("FLASH_CUDA_KERNEL(") for l in table.splitlines()) == 4
+    assert "FLASH_CUDA_BUILD_ARCHS {90}" in (tmp_path / "build_info.inc").read_text()
+    before = (tmp_path / "kernel_table.inc").stat().st_mtime_ns
+    manifest.generate(str(tmp_path), [90], selected)
+    assert (tmp_path / "kernel_table.inc").stat().st_mtime_ns == before, "unchanged files are kept"
