@@ -1,28 +1,32 @@
-# flash_cuda developer targets.  Build knobs pass through the environment, e.g.
+# flash_cuda developer targets.  On a fresh machine with the CUDA toolkit:
+#   make bench    installs the Python dependencies, builds, runs the benchmark grid
+#   make test     installs, builds, runs the test suite (GPU tests skip without a GPU)
+# Build knobs pass through the environment, e.g.
 #   FLASH_CUDA_ARCHS=90 FLASH_CUDA_HDIMS=128 MAX_JOBS=16 make build
 SHELL := /bin/bash
 PY ?= python3
+REQUIREMENTS = torch==2.11.0 nvidia-cutlass==4.2.0.0 ninja pybind11 setuptools wheel numpy pytest
 BENCH_ARGS ?=
 OUT ?= bench_out
 
-.PHONY: build test test-fast test-cpu bench clean
+.PHONY: deps build test test-fast bench clean
 
-build:
+deps:
+	$(PY) -m pip install -q $(REQUIREMENTS)
+
+build: deps
 	$(PY) -m pip install --no-build-isolation --no-deps -v -e . > build.log 2>&1 || { tail -40 build.log; exit 1; }
 	grep -E "^ *flash_cuda: " build.log | sed "s/^ *//" | awk '!seen[$$0]++'
 
-test:
+test: build
 	$(PY) -m pytest tests -q
 
-test-fast:
-	$(PY) -m pytest tests -q -m "fast or not cuda"
+test-fast: build
+	$(PY) -m pytest tests -q -m fast
 
-test-cpu:
-	$(PY) -m pytest tests -q -m "not cuda"
-
-bench:
+bench: build
 	mkdir -p $(OUT)
 	$(PY) benchmarks/bench_attn.py --json $(OUT)/bench.json --plot $(OUT)/bench.png $(BENCH_ARGS)
 
 clean:
-	rm -rf build csrc/generated flash_cuda/_C*.so *.egg-info
+	rm -rf build csrc/generated flash_cuda/_C*.so *.egg-info build.log

@@ -235,3 +235,38 @@ def test_large_tensor_64bit_offsets():
     ref = attention_forward_reference(q, k[:, tail:], v[:, tail:], window_left=0,
                                       window_right=200)[0]
     assert (out.float() - ref.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_opcheck_cuda(varlen):
+    """Schema, fake kernel and dispatch of the CUDA implementations agree (torch.library)."""
+    d, dtype = FAST_HEAD_DIMS[0], DTYPES[0]
+    if varlen:
+        cu = torch.tensor([0, 5, 5, 70], dtype=torch.int32, device="cuda")
+        q, k, v = (make((70, 4, d), dtype) for _ in range(3))
+        fwd_args = (q, k, v, cu, cu, None, None, 65, 65, d ** -0.5, True, -1, -1)
+    else:
+        q, k, v = make((2, 33, 4, d), dtype), make((2, 40, 2, d), dtype), make((2, 40, 2, d), dtype)
+        fwd_args = (q, k, v, None, None, None, None, 33, 40, d ** -0.5, False, 8, 3)
+    torch.library.opcheck(torch.ops.flash_cuda.fwd.default, fwd_args)
+    out, lse = torch.ops.flash_cuda.fwd(*fwd_args)
+    bwd_args = (torch.randn_like(out), q, k, v, out, lse) + fwd_args[3:] + (False,)
+    torch.library.opcheck(torch.ops.flash_cuda.bwd.default, bwd_args)
+
+
+@pytest.mark.fast
+def test_direct_op_errors_are_clear():
+    """Calls that bypass the Python checks still get a clear error, not a crash."""
+    d, dtype = FAST_HEAD_DIMS[0], DTYPES[0]
+    q = make((1, 8, 2, d), dtype)
+    with pytest.raises(ValueError, match="multiple of heads"):
+        torch.ops.flash_cuda.fwd(q, make((1, 8, 3, d), dtype), make((1, 8, 3, d), dtype), None,
+                                 None, None, None, 8, 8, 1.0, False, -1, -1)
+    out, lse = torch.ops.flash_cuda.fwd(q, q, q, None, None, None, None, 8, 8, 1.0, False, -1, -1)
+    with pytest.raises(ValueError, match="softmax_lse must have shape"):
+        torch.ops.flash_cuda.bwd(out, q, q, q, out, lse[:, :, :4].contiguous(), None, None, None,
+                                 None, 8, 8, 1.0, False, -1, -1, False)
+    with pytest.raises(NotImplementedError, match="deterministic"):
+        torch.ops.flash_cuda.bwd(out, q, q, q, out, lse, None, None, None, None, 8, 8, 1.0, False,
+                                 -1, -1, True)
