@@ -110,6 +110,8 @@ def extension_and_cmdclass():
     if not selected:
         raise RuntimeError(f"flash_cuda: no kernel family serves FLASH_CUDA_ARCHS={archs}; "
                            "the portable family needs compute capability 80 or newer")
+    # Only archs some family serves reach nvcc (sm_75 would reject cp.async).
+    archs = sorted({a for family_archs, _ in selected.values() for a in family_archs})
     cutlass_include, origin = find_cutlass()
     log(f"using CUTLASS headers from {cutlass_include} ({origin})")
     log(f"archs {archs}, head dims {list(head_dims)}, dtypes {list(dtypes)}, "

@@ -13,7 +13,8 @@ import os
 # Head dims with a compiled kernel.  Any other multiple of 8 up to 256 runs on the next size up
 # (the kernels zero-fill the unused columns).
 HEAD_DIMS = (64, 96, 128, 192, 256)
-DTYPES = {"fp16": "cutlass_half", "bf16": "cutlass_bf16"}  # manifest name -> C++ tag below
+# manifest name -> (C++ element tag, dispatch enum)
+DTYPES = {"fp16": ("half_t", "DType::kFloat16"), "bf16": ("bfloat16_t", "DType::kBFloat16")}
 DIRECTIONS = ("fwd", "bwd")
 
 # Kernel families.  Each serves a range of compute capabilities and is compiled only for the
@@ -25,8 +26,6 @@ FAMILIES = {
 }
 DEFAULT_ARCHS = (80, 90)
 
-_CXX_DTYPE = {"fp16": "half_t", "bf16": "bfloat16_t"}
-_ENUM_DTYPE = {"fp16": "DType::kFloat16", "bf16": "DType::kBFloat16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,17 +42,27 @@ class Kernel:
     @property
     def launcher(self):
         return (f"flash_cuda::{self.family}::run_{self.direction}"
-                f"<flash_cuda::{_CXX_DTYPE[self.dtype]}, {self.head_dim}>")
+                f"<flash_cuda::{DTYPES[self.dtype][0]}, {self.head_dim}>")
 
 
 def _split(value):
     return [v for v in value.replace(",", ";").split(";") if v.strip()]
 
 
+def _parse_arch(text):
+    """'90', '90a', '9.0' or 'sm_90' -> 90."""
+    t = text.strip().lower().removeprefix("sm_").removeprefix("sm").rstrip("a")
+    try:
+        return int(float(t) * 10) if "." in t else int(t)
+    except ValueError:
+        raise ValueError(f"FLASH_CUDA_ARCHS entry {text!r} is not a compute capability "
+                         f"(write e.g. 80;90)") from None
+
+
 def parse_knobs(env, detected_archs=None):
     """Returns (archs, head_dims, dtypes, directions) selected by the environment."""
     if env.get("FLASH_CUDA_ARCHS"):
-        archs = sorted({int(a.strip().rstrip("a")) for a in _split(env["FLASH_CUDA_ARCHS"])})
+        archs = sorted({_parse_arch(a) for a in _split(env["FLASH_CUDA_ARCHS"])})
     else:
         archs = sorted(set(detected_archs or DEFAULT_ARCHS))
     head_dims = HEAD_DIMS
@@ -71,7 +80,7 @@ def parse_knobs(env, detected_archs=None):
             raise ValueError(f"FLASH_CUDA_DTYPES names {sorted(unknown)}; choose among "
                              f"{list(DTYPES)}")
     directions = DIRECTIONS
-    if env.get("FLASH_CUDA_DISABLE_BACKWARD", "0") not in ("", "0", "FALSE", "false"):
+    if env.get("FLASH_CUDA_DISABLE_BACKWARD", "0").strip().lower() not in ("", "0", "false", "no", "off"):
         directions = ("fwd",)
     return archs, head_dims, dtypes, directions
 
@@ -113,7 +122,7 @@ def _table_source(selected):
     for family, (_, kernels) in selected.items():
         for k in kernels:
             lines.append(f"FLASH_CUDA_KERNEL({k.direction}, {FAMILIES[family]['arch_enum']}, "
-                         f"{_ENUM_DTYPE[k.dtype]}, {k.head_dim}, ({k.launcher}))")
+                         f"{DTYPES[k.dtype][1]}, {k.head_dim}, ({k.launcher}))")
     return "\n".join(lines) + "\n"
 
 

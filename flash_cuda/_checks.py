@@ -188,8 +188,9 @@ def check_softmax_scale(softmax_scale) -> None:
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale must be a float or None (None means "
                         f"1 / sqrt(head_dim)); got {type(softmax_scale).__name__}.")
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be finite; got {softmax_scale}.")
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a finite number > 0 (the kernels take the "
+                         f"running max of unscaled scores); got {softmax_scale}.")
 
 
 def check_flag(name: str, value) -> None:

@@ -270,3 +270,48 @@ def test_direct_op_errors_are_clear():
     with pytest.raises(NotImplementedError, match="deterministic"):
         torch.ops.flash_cuda.bwd(out, q, q, q, out, lse, None, None, None, None, 8, 8, 1.0, False,
                                  -1, -1, True)
+
+
+@pytest.mark.fast
+def test_nan_in_unused_rows_does_not_leak():
+    """Rows past seqused (an unwritten KV cache slot, say) are never read into the MMAs."""
+    from flash_cuda import flash_attn_func
+    d, dtype = FAST_HEAD_DIMS[0], DTYPES[0]
+    q, k, v = (make((2, 200, 2, d), dtype) for _ in range(3))
+    used = torch.tensor([150, 77], dtype=torch.int32, device="cuda")
+    for t in (q, k, v):
+        t[0, 150:] = float("nan")
+        t[1, 77:] = float("nan")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    from flash_cuda import flash_attn_varlen_func
+    cu = torch.tensor([0, 200, 400], dtype=torch.int32, device="cuda")
+    flat = [t.reshape(400, 2, d) for t in (q, k, v)]
+    out = flash_attn_varlen_func(*flat, cu, cu, 200, 200, seqused_q=used, seqused_k=used,
+                                 causal=True)
+    assert torch.isfinite(out).all()
+    out.backward(torch.randn_like(out))
+    for g in (q.grad, k.grad, v.grad):
+        assert torch.isfinite(g).all()
+    ref = flash_attn_func(q[:1, :150].detach(), k[:1, :150].detach(), v[:1, :150].detach(),
+                          causal=True)
+    assert torch.equal(out[:150], ref[0])
+    assert (out[150:200] == 0).all()
+
+
+@pytest.mark.fast
+def test_contiguous_view_at_odd_offset():
+    from flash_cuda import flash_attn_func
+    d, dtype = FAST_HEAD_DIMS[0], DTYPES[0]
+    buf = torch.randn(2 * 50 * 2 * d + 1, device="cuda", dtype=dtype)
+    q = buf[1:].view(2, 50, 2, d)  # contiguous, but rows start 2 bytes off 16-byte alignment
+    out = flash_attn_func(q, q, q)
+    assert torch.equal(out, flash_attn_func(q.clone(), q.clone(), q.clone()))
+
+
+@pytest.mark.fast
+def test_huge_window_is_no_window():
+    from flash_cuda import flash_attn_func
+    d, dtype = FAST_HEAD_DIMS[0], DTYPES[0]
+    q, k, v = make((1, 100, 2, d), dtype), make((1, 3, 2, d), dtype), make((1, 3, 2, d), dtype)
+    ref = flash_attn_func(q, k, v)
+    assert torch.equal(flash_attn_func(q, k, v, window_size=(2**31 - 1, 2**40)), ref)

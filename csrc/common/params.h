@@ -32,7 +32,8 @@ struct RowStatsRef {
 struct SeqArgs {
   const int* cu_seqlens = nullptr;
   const int* seqused = nullptr;
-  int seqlen = 0;  // dense: the seqlen dimension; varlen: max_seqlen (sizes the grid)
+  int seqlen = 0;      // dense: the seqlen dimension; varlen: max_seqlen (sizes the grid)
+  int total_rows = 0;  // varlen: rows of the packed tensor; cu_seqlens are clamped to it
 };
 
 struct FwdParams {
@@ -54,7 +55,7 @@ struct BwdParams {
   TensorRef dq_accum;  // float32, same (row, head, dim) layout as q, zeroed by the caller
   TensorRef dk, dv;    // heads_q heads when heads_q != heads_kv (summed by the caller)
   RowStatsRef dot_do_o;  // float32 rowsum(dO * O), written by the preprocess kernel
-  int total_rows_q = 0;  // dense: batch * seqlen_q; varlen: total_q (rows the preprocess visits)
+  int64_t total_rows_q = 0;  // dense: batch * seqlen_q; varlen: total_q (rows the preprocess visits)
 };
 
 }  // namespace flash_cuda

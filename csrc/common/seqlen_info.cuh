@@ -15,13 +15,15 @@ struct SeqlenInfo {
 
   __device__ __forceinline__ SeqlenInfo(const SeqArgs& args, int batch_idx) {
     if (args.cu_seqlens != nullptr) {
-      offset = args.cu_seqlens[batch_idx];
-      extent = args.cu_seqlens[batch_idx + 1] - offset;
+      // Clamped to the packed tensor: cu_seqlens live on the GPU, where checking their values
+      // would cost a sync, so bad values must not turn into out-of-bounds accesses.
+      offset = min(max(args.cu_seqlens[batch_idx], 0), args.total_rows);
+      extent = max(0, min(args.cu_seqlens[batch_idx + 1], args.total_rows) - offset);
     } else {
       offset = 0;
       extent = args.seqlen;
     }
-    // seqused is clamped to the sequence (the Python API rejects values outside [0, extent]).
+    // seqused is clamped to the sequence (the CPU reference rejects values outside it).
     len = args.seqused != nullptr ? max(0, min(args.seqused[batch_idx], extent)) : extent;
   }
 };

@@ -70,10 +70,11 @@ bool family_for_arch(int sm, ArchFamily* family, std::string* error) {
     return false;
   }
   const std::vector<int> archs = compiled_archs();
-  // Machine code for sm_X runs on any device of the same major version with minor >= X's.
+  // Machine code for sm_X runs on any device of the same major version with minor >= X's;
+  // the PTX embedded for the newest arch is compiled by the driver for any newer GPU.
   const bool runs = std::any_of(archs.begin(), archs.end(), [sm](int a) {
     return a / 10 == sm / 10 && a <= sm;
-  });
+  }) || (!archs.empty() && sm > archs.back());
   if (!runs) {
     std::string list;
     for (int a : archs) list += (list.empty() ? "" : ", ") + std::to_string(a);

@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <string>
@@ -19,18 +20,30 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
+// Note [Numbers in messages]
+// Messages format numbers with std::to_string rather than by streaming them into c10::str: with
+// one toolchain we test on, streaming an integer from this extension's inline code crashed the
+// process instead of raising the error, while strings were fine.
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string shape(at::IntArrayRef sizes) {
+  std::string out = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + num(sizes[i]);
+  return out + (sizes.size() == 1 ? ",)" : ")");
+}
+
 // Note [Checks in two places]
 // The Python API validates every argument with messages that name it; these checks repeat the
 // ones a direct torch.ops call could violate in a way that would crash or corrupt memory.
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool varlen) {
   const int64_t rank = varlen ? 3 : 4;
   TORCH_CHECK_VALUE(q.dim() == rank && k.dim() == rank && v.dim() == rank, "q, k and v must be ",
-                    rank, "-D (", varlen ? "total, heads, head_dim" : "batch, seqlen, heads, head_dim",
-                    "); got ", q.dim(), "-D, ", k.dim(), "-D and ", v.dim(), "-D");
+                    num(rank), "-D (", varlen ? "total, heads, head_dim" : "batch, seqlen, heads, head_dim",
+                    "); got ", num(q.dim()), "-D, ", num(k.dim()), "-D and ", num(v.dim()), "-D");
   TORCH_CHECK_VALUE(q.is_cuda() && k.device() == q.device() && v.device() == q.device(),
                     "q, k and v must be on the same CUDA device");
   TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
-                    "q must be float16 or bfloat16 on CUDA; got ", q.scalar_type());
+                    "q must be float16 or bfloat16 on CUDA; got ", c10::toString(q.scalar_type()));
   TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                     "q, k and v must have the same dtype");
   TORCH_CHECK_VALUE(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
@@ -38,11 +51,12 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool varlen) {
   const int64_t d = q.size(-1);
   TORCH_CHECK_VALUE(k.size(-1) == d && v.size(-1) == d, "q, k and v must share the head dim");
   TORCH_CHECK_VALUE(d % 8 == 0 && d > 0 && d <= 256,
-                    "head dim must be a multiple of 8 between 8 and 256; got ", d);
+                    "head dim must be a multiple of 8 between 8 and 256; got ", num(d));
   TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "k and v must have the same shape");
   const int64_t hq = q.size(-2), hk = k.size(-2);
-  TORCH_CHECK_VALUE(hk > 0 && hq % hk == 0, "heads of q (", hq,
-                    ") must be a multiple of heads of k and v (", hk, ")");
+  TORCH_CHECK_VALUE(hq > 0 && hq <= 65535, "heads of q must be between 1 and 65535; got ", num(hq));
+  TORCH_CHECK_VALUE(hk > 0 && hq % hk == 0, "heads of q (", num(hq),
+                    ") must be a multiple of heads of k and v (", num(hk), ")");
   if (!varlen) {
     TORCH_CHECK_VALUE(k.size(0) == q.size(0), "q, k and v must have the same batch size");
   }
@@ -51,15 +65,16 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool varlen) {
 void check_seq_tensor(const OptTensor& t, const char* name, int64_t expected_len,
                       const Tensor& q) {
   if (!t.has_value()) return;
-  TORCH_CHECK_VALUE(t->scalar_type() == at::kInt, name, " must be int32; got ", t->scalar_type());
+  TORCH_CHECK_VALUE(t->scalar_type() == at::kInt, name, " must be int32; got ", c10::toString(t->scalar_type()));
   TORCH_CHECK_VALUE(t->device() == q.device(), name, " must be on the same device as q");
   TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == expected_len, name, " must have shape (",
-                    expected_len, ",); got ", t->sizes());
+                    num(expected_len), ",); got ", shape(t->sizes()));
   TORCH_CHECK_VALUE(t->is_contiguous(), name, " must be contiguous (it is read as a plain array)");
 }
 
 // The kernels copy 16-byte chunks, so each row must start 16-byte aligned.
 bool is_aligned(const Tensor& t) {
+  if (t.stride(-1) != 1) return false;
   for (int64_t i = 0; i + 1 < t.dim(); ++i) {
     if (t.stride(i) % 8 != 0) return false;
   }
@@ -70,7 +85,10 @@ bool is_aligned(const Tensor& t) {
 // A tensor whose row strides are not multiples of 8 elements (say, a slice of a packed buffer
 // at an odd offset) cannot be read with 16-byte copies; it is copied once to a contiguous
 // tensor.  Any aligned stride pattern is read in place.
-Tensor aligned(const Tensor& t) { return is_aligned(t) ? t : t.contiguous(); }
+Tensor aligned(const Tensor& t) {
+  // clone, not contiguous(): a contiguous view at an odd offset must be copied too.
+  return is_aligned(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+}
 
 TensorRef ref(const Tensor& t, bool varlen) {
   TensorRef r;
@@ -90,19 +108,34 @@ RowStatsRef stats_ref(const Tensor& t, bool varlen) {
   return r;
 }
 
-SeqArgs seq_args(const OptTensor& cu_seqlens, const OptTensor& seqused, int64_t seqlen) {
+int checked_int(int64_t v, const char* what) {
+  TORCH_CHECK_VALUE(v >= 0 && v <= std::numeric_limits<int>::max(), what,
+                    " must be between 0 and 2^31 - 1; got ", num(v));
+  return static_cast<int>(v);
+}
+
+SeqArgs seq_args(const OptTensor& cu_seqlens, const OptTensor& seqused, int64_t seqlen,
+                 int64_t total_rows, const char* what) {
   SeqArgs s;
   s.cu_seqlens = cu_seqlens.has_value() ? cu_seqlens->data_ptr<int>() : nullptr;
   s.seqused = seqused.has_value() ? seqused->data_ptr<int>() : nullptr;
-  s.seqlen = static_cast<int>(seqlen);
+  s.seqlen = checked_int(seqlen, what);
+  s.total_rows = checked_int(total_rows, "the number of rows of q / k");
   return s;
 }
 
+// A window at least as long as every sequence is no window: -1.  Total rows bound every
+// sequence, so this is exact without reading cu_seqlens, and keeps the kernels' int arithmetic
+// (row + diag - window) far from overflow.
+int clamp_window(int64_t window, int64_t rows) { return window >= rows ? -1 : static_cast<int>(window); }
+
 void check_launch(cudaError_t err, const char* direction, int head_dim) {
-  TORCH_CHECK(err == cudaSuccess, "flash_cuda: the ", direction, " kernel for head dim ", head_dim,
-              " failed to launch: ", cudaGetErrorString(err),
-              ". (GPUs of compute capability 8.6 / 8.9 offer 99 KB of shared memory per block, "
-              "less than the larger tiles need.)");
+  TORCH_CHECK(err == cudaSuccess, "flash_cuda: the ", direction, " kernel for head dim ",
+              num(head_dim), " failed to launch: ", cudaGetErrorString(err),
+              err == cudaErrorInvalidValue
+                  ? " (its tile needs more shared memory per block than this GPU offers; GPUs "
+                    "of compute capability 8.6 / 8.9 have 99 KB)"
+                  : "");
 }
 
 int device_arch(const Tensor& t) {
@@ -123,24 +156,26 @@ FwdParams problem(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
                     "cu_seqlens_q must be 1-D with batch + 1 >= 1 entries");
   check_qkv(q, k, v, varlen);
   const int64_t batch = varlen ? cu_q->size(0) - 1 : q.size(0);
-  TORCH_CHECK_VALUE(batch >= 0 && batch <= 65535 / 2, "batch must be at most 32767; got ", batch);
+  TORCH_CHECK_VALUE(batch >= 0 && batch <= 65535 / 2, "batch must be at most 32767; got ", num(batch));
   check_seq_tensor(cu_q, "cu_seqlens_q", batch + 1, q);
   check_seq_tensor(cu_k, "cu_seqlens_k", batch + 1, q);
   check_seq_tensor(used_q, "seqused_q", batch, q);
   check_seq_tensor(used_k, "seqused_k", batch, q);
   TORCH_CHECK_VALUE(window_left >= -1 && window_right >= -1,
                     "window_size entries must be >= -1 (-1 means unbounded)");
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "softmax_scale must be a finite number > 0");
   FwdParams p;
   p.batch = static_cast<int>(batch);
   p.heads_q = static_cast<int>(q.size(-2));
   p.heads_kv = static_cast<int>(k.size(-2));
   p.head_dim = static_cast<int>(q.size(-1));
   p.softmax_scale = static_cast<float>(scale);
-  p.window_left = static_cast<int>(window_left);
-  p.window_right = causal ? 0 : static_cast<int>(window_right);
-  p.seq_q = seq_args(cu_q, used_q, varlen ? max_seqlen_q : q.size(1));
-  p.seq_k = seq_args(cu_k, used_k, varlen ? max_seqlen_k : k.size(1));
-  TORCH_CHECK_VALUE(p.seq_q.seqlen >= 0 && p.seq_k.seqlen >= 0, "max_seqlen must be >= 0");
+  const int64_t rows_q = varlen ? q.size(0) : q.size(1);
+  const int64_t rows_k = varlen ? k.size(0) : k.size(1);
+  p.window_left = clamp_window(window_left, rows_k);
+  p.window_right = causal ? 0 : clamp_window(window_right, rows_q);
+  p.seq_q = seq_args(cu_q, used_q, varlen ? max_seqlen_q : rows_q, q.size(0), "max_seqlen_q");
+  p.seq_k = seq_args(cu_k, used_k, varlen ? max_seqlen_k : rows_k, k.size(0), "max_seqlen_k");
   return p;
 }
 
@@ -204,12 +239,15 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                         dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                     "dout and out must have q's shape and dtype");
+  TORCH_CHECK_VALUE(dout.device() == q.device() && out.device() == q.device() &&
+                        lse.device() == q.device(),
+                    "dout, out and softmax_lse must be on q's device");
   TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous(),
                     "softmax_lse must be a contiguous float32 tensor");
   const auto lse_shape = varlen ? std::vector<int64_t>{q.size(-2), q.size(0)}
                                 : std::vector<int64_t>{q.size(0), q.size(-2), q.size(1)};
   TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape), "softmax_lse must have shape ",
-                    at::IntArrayRef(lse_shape), " (the forward's); got ", lse.sizes());
+                    shape(lse_shape), " (the forward's); got ", shape(lse.sizes()));
   const c10::cuda::CUDAGuard guard(q.device());
   const DType dtype = q.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
   const KernelChoice kernel = find_bwd(device_arch(q), dtype, f.head_dim);

@@ -161,7 +161,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::load_query_tile(const BwdParams
                                                                  const SeqlenInfo& sq, int m,
                                                                  int stage) {
   const int m0 = m * kBlockM;
-  const int rows = sq.extent - m0;
+  const int rows = sq.len - m0;  // rows past the used length are zero-filled (see the forward)
   load_tile_async<kBlockM, kHeadDim, kThreads>(smem.q[stage], t.gq + int64_t(m0) * p.fwd.q.row_stride,
                                                p.fwd.q.row_stride, rows, p.fwd.head_dim);
   load_tile_async<kBlockM, kHeadDim, kThreads>(smem.dout[stage], t.gdo + int64_t(m0) * p.dout.row_stride,
@@ -298,9 +298,9 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::run(const BwdParams& p, SharedS
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
 
   if (m_begin < m_end) {
-    load_tile_async<kBlockN, kHeadDim, kThreads>(smem.k, t.gk, f.k.row_stride, sk.extent - t.n0,
+    load_tile_async<kBlockN, kHeadDim, kThreads>(smem.k, t.gk, f.k.row_stride, sk.len - t.n0,
                                                  f.head_dim);
-    load_tile_async<kBlockN, kHeadDim, kThreads>(smem.v, t.gv, f.v.row_stride, sk.extent - t.n0,
+    load_tile_async<kBlockN, kHeadDim, kThreads>(smem.v, t.gv, f.v.row_stride, sk.len - t.n0,
                                                  f.head_dim);
     load_query_tile(p, smem, t, sq, m_begin, 0);
     for (int m = m_begin; m < m_end; ++m) {

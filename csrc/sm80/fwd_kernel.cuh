@@ -224,13 +224,15 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
     st.sum[mt][0] = st.sum[mt][1] = 0.f;
   }
 
+  // Rows past the used length are zero-filled, not loaded: their scores are masked, but a NaN
+  // there (an unwritten KV cache slot, say) would survive the 0 * NaN of the MMAs.
   if (n_begin < n_end) {
-    load_tile_async<kBlockM, kHeadDim, kThreads>(smem.q, gq, p.q.row_stride, sq.extent - m0,
+    load_tile_async<kBlockM, kHeadDim, kThreads>(smem.q, gq, p.q.row_stride, sq.len - m0,
                                                  p.head_dim);
     // Key tiles run last to first so the first one visited is the partially masked diagonal.
     int n = n_end - 1;
     load_tile_async<kBlockN, kHeadDim, kThreads>(smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride,
-                                                 p.k.row_stride, sk.extent - n * kBlockN,
+                                                 p.k.row_stride, sk.len - n * kBlockN,
                                                  p.head_dim);
     cp_async_commit();
     for (; n >= n_begin; --n) {
@@ -239,7 +241,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
       cp_async_wait<0>();
       __syncthreads();
       load_tile_async<kBlockN, kHeadDim, kThreads>(smem.v, gv + int64_t(n0) * p.v.row_stride,
-                                                   p.v.row_stride, sk.extent - n0, p.head_dim);
+                                                   p.v.row_stride, sk.len - n0, p.head_dim);
       cp_async_commit();
 
       float s[kMTiles][kNTiles][4];
@@ -261,7 +263,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
       if (n > n_begin) {
         load_tile_async<kBlockN, kHeadDim, kThreads>(
             smem.k, gk + int64_t(n0 - kBlockN) * p.k.row_stride, p.k.row_stride,
-            sk.extent - (n0 - kBlockN), p.head_dim);
+            sk.len - (n0 - kBlockN), p.head_dim);
         cp_async_commit();
       }
       gemm_pv(o, p_packed, smem.v, lane);

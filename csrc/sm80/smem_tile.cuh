@@ -1,6 +1,7 @@
 // Shared-memory tiles of the portable kernels: row-major with each row padded by 16 bytes, so
 // the eight row addresses of one ldmatrix land in eight different 4-bank groups (no conflicts)
-// for any head dim that is a multiple of 8, without a swizzle that would need power-of-2 rows.
+// for any row length that is a multiple of 16 elements (every compiled head dim), without a
+// swizzle that would need power-of-2 rows.
 #pragma once
 
 #include <cstdint>

@@ -24,8 +24,8 @@ template <> struct FwdTileConfig<128> {  // O 128 + S 64 regs (8 bytes spill); k
 template <> struct FwdTileConfig<192> {  // 16 rows per warp: O 96 + S 32 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
 };
-template <> struct FwdTileConfig<256> {  // O 128 + S 32 regs; smem 135 KB; kBlockN = 32: 18% slower
-  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
+template <> struct FwdTileConfig<256> {  // 16 rows per warp, 2 blocks per SM; 8 warps x 128 rows: 17% slower
+  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
 };
 
 // Backward: a block owns kBlockN keys (16 per warp) and walks the query blocks of kBlockM rows.
@@ -45,8 +45,8 @@ template <> struct BwdTileConfig<128> {  // smem 157 KB: the sm80 limit allows t
 template <> struct BwdTileConfig<192> {  // kBlockM = 64 spills; smem 107 KB
   static constexpr int kBlockM = 32, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 2;
 };
-template <> struct BwdTileConfig<256> {  // smem 144 KB; kBlockM = 32: 15% slower
-  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 1;
+template <> struct BwdTileConfig<256> {  // smem 106 KB: 2 blocks per SM; 64-row tiles: 10% slower
+  static constexpr int kBlockM = 32, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 1;
 };
 
 }  // namespace flash_cuda::sm80
