@@ -22,7 +22,7 @@ test: build
 	$(PY) -m pytest tests -q
 
 test-fast: build
-	$(PY) -m pytest tests -q -m fast
+	$(PY) -m pytest tests -q -m "fast or not cuda"
 
 bench: build
 	mkdir -p $(OUT)
