@@ -2,6 +2,7 @@
 #include "dispatch/dispatch.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace flash_cuda {
 namespace {
@@ -34,18 +35,21 @@ KernelChoice find(const char* direction, int sm, DType dtype, int head_dim) {
   KernelChoice choice;
   if (!family_for_arch(sm, &choice.family, &choice.error)) return choice;
   const TableEntry* best = nullptr;
-  std::string available;
+  auto matches = [&](const TableEntry& e) {
+    return std::strcmp(e.key.direction, direction) == 0 && e.key.family == choice.family &&
+           e.key.dtype == dtype;
+  };
   for (const TableEntry& e : table()) {
-    if (std::string(e.key.direction) != direction || e.key.family != choice.family ||
-        e.key.dtype != dtype) {
-      continue;
-    }
-    available += (available.empty() ? "" : ", ") + std::to_string(e.key.head_dim);
-    if (e.key.head_dim >= head_dim && (best == nullptr || e.key.head_dim < best->key.head_dim)) {
+    if (matches(e) && e.key.head_dim >= head_dim &&
+        (best == nullptr || e.key.head_dim < best->key.head_dim)) {
       best = &e;
     }
   }
   if (best == nullptr) {
+    std::string available;  // built only for the error message
+    for (const TableEntry& e : table()) {
+      if (matches(e)) available += (available.empty() ? "" : ", ") + std::to_string(e.key.head_dim);
+    }
     choice.error = std::string("flash_cuda was built without a ") + direction +
                    " kernel for head dim " + std::to_string(head_dim) + " in " +
                    dtype_name(dtype) + " (compiled head dims: " +
