@@ -1,18 +1,10 @@
 """The docs stay true: every file csrc/README.md names exists, every tile config the kernels
 need is declared, and the README's head-dim list is the manifest's."""
 
-import importlib.util
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def manifest():
-    spec = importlib.util.spec_from_file_location("manifest_for_docs", ROOT / "csrc" / "manifest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_files_named_in_csrc_readme_exist():
@@ -23,15 +15,15 @@ def test_files_named_in_csrc_readme_exist():
         assert (ROOT / "csrc" / name).exists(), f"csrc/README.md names {name}, which is gone"
 
 
-def test_every_manifest_head_dim_has_tile_configs():
+def test_every_manifest_head_dim_has_tile_configs(manifest):
     config = (ROOT / "csrc" / "sm80" / "tile_config.h").read_text()
-    for hdim in manifest().HEAD_DIMS:
+    for hdim in manifest.HEAD_DIMS:
         for kind in ("Fwd", "Bwd"):
             assert f"struct {kind}TileConfig<{hdim}>" in config, f"no {kind}TileConfig<{hdim}>"
 
 
-def test_readme_head_dims_match_manifest():
+def test_readme_head_dims_match_manifest(manifest):
     text = (ROOT / "README.md").read_text()
     line = next(l for l in text.splitlines() if l.startswith("| head dims"))
     listed = [int(x) for x in re.findall(r"\b(\d+)\b", line.split("compiled:")[1].split(";")[0])]
-    assert tuple(listed) == manifest().HEAD_DIMS
+    assert tuple(listed) == manifest.HEAD_DIMS

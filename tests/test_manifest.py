@@ -1,36 +1,21 @@
 """csrc/manifest.py: the build knobs select the right kernels and the generator writes one
 translation unit per kernel plus the tables the dispatcher and build_info() read."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def load_manifest():
-    spec = importlib.util.spec_from_file_location("manifest_under_test", ROOT / "csrc" / "manifest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-manifest = load_manifest()
-
-
-def test_defaults_cover_the_whole_manifest():
+def test_defaults_cover_the_whole_manifest(manifest):
     archs, hdims, dtypes, directions = manifest.parse_knobs({})
     assert archs == sorted(manifest.DEFAULT_ARCHS)
     assert hdims == manifest.HEAD_DIMS
     assert set(dtypes) == set(manifest.DTYPES) and directions == ("fwd", "bwd")
 
 
-def test_detected_gpu_sets_the_default_arch():
+def test_detected_gpu_sets_the_default_arch(manifest):
     assert manifest.parse_knobs({}, detected_archs=[90])[0] == [90]
 
 
-def test_knobs_filter():
+def test_knobs_filter(manifest):
     env = {"FLASH_CUDA_ARCHS": "90a;80", "FLASH_CUDA_HDIMS": "128,64", "FLASH_CUDA_DTYPES": "bf16",
            "FLASH_CUDA_DISABLE_BACKWARD": "1"}
     archs, hdims, dtypes, directions = manifest.parse_knobs(env)
@@ -43,16 +28,16 @@ def test_knobs_filter():
 
 @pytest.mark.parametrize("env, word", [({"FLASH_CUDA_HDIMS": "72"}, "FLASH_CUDA_HDIMS"),
                                        ({"FLASH_CUDA_DTYPES": "fp8"}, "FLASH_CUDA_DTYPES")])
-def test_unknown_knob_values_are_rejected(env, word):
+def test_unknown_knob_values_are_rejected(manifest, env, word):
     with pytest.raises(ValueError, match=word):
         manifest.parse_knobs(env)
 
 
-def test_no_family_below_sm80():
+def test_no_family_below_sm80(manifest):
     assert manifest.select([75], manifest.HEAD_DIMS, ("bf16",), ("fwd",)) == {}
 
 
-def test_generate_writes_units_and_tables(tmp_path):
+def test_generate_writes_units_and_tables(manifest, tmp_path):
     selected = manifest.select([90], (64, 128), ("fp16",), ("fwd", "bwd"))
     sources = manifest.generate(str(tmp_path), [90], selected)
     assert len(sources["sm80"]) == 4

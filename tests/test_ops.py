@@ -4,7 +4,6 @@ torch.compile through the autograd function, and build_info against csrc/manifes
 All run on the CPU, where the ops are served by the plain-PyTorch reference.
 """
 
-import importlib.util
 import itertools
 import subprocess
 import sys
@@ -32,14 +31,6 @@ def _randn(*shape, gen, dtype=torch.float32):
 
 def _cu(lengths):
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-
-
-def _load_manifest():
-    path = Path(__file__).resolve().parents[1] / "csrc" / "manifest.py"
-    spec = importlib.util.spec_from_file_location("flash_cuda_manifest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.fast
@@ -248,9 +239,8 @@ BUILD_INFO_KEYS = {"archs", "head_dims", "dtypes", "kernels", "features", "devic
 
 
 @pytest.mark.fast
-def test_build_info_matches_manifest():
+def test_build_info_matches_manifest(manifest):
     info = flash_cuda.build_info()
-    manifest = _load_manifest()
     assert BUILD_INFO_KEYS <= set(info)
     assert set(info["head_dims"]) <= set(manifest.DIRECTIONS)
     for direction, dims in info["head_dims"].items():
