@@ -44,11 +44,15 @@ def check_is_tensor(name: str, value) -> None:
         raise TypeError(f"{name} must be a torch.Tensor; got {type(value).__name__}.")
 
 
+def _check_all_equal(tensors: Dict[str, torch.Tensor], rule: str, describe) -> None:
+    """Raises when describe(t) differs between the tensors, naming each with its value."""
+    if len({describe(t) for t in tensors.values()}) > 1:
+        found = ", ".join(f"{name} {describe(t)}" for name, t in tensors.items())
+        raise ValueError(f"{', '.join(tensors)} must {rule}; got {found}.")
+
+
 def check_same_device(tensors: Dict[str, torch.Tensor]) -> None:
-    devices = {t.device for t in tensors.values()}
-    if len(devices) > 1:
-        found = ", ".join(f"{name} on {t.device}" for name, t in tensors.items())
-        raise ValueError(f"{', '.join(tensors)} must be on the same device; got {found}.")
+    _check_all_equal(tensors, "be on the same device", lambda t: f"on {t.device}")
 
 
 def check_supported_device(name: str, t: torch.Tensor) -> None:
@@ -58,10 +62,7 @@ def check_supported_device(name: str, t: torch.Tensor) -> None:
 
 
 def check_same_dtype(tensors: Dict[str, torch.Tensor]) -> None:
-    dtypes = {t.dtype for t in tensors.values()}
-    if len(dtypes) > 1:
-        found = ", ".join(f"{name} {_dtype_name(t.dtype)}" for name, t in tensors.items())
-        raise ValueError(f"{', '.join(tensors)} must share one dtype; got {found}.")
+    _check_all_equal(tensors, "share one dtype", lambda t: _dtype_name(t.dtype))
 
 
 def check_supported_dtype(name: str, t: torch.Tensor) -> None:

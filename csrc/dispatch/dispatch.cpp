@@ -103,4 +103,12 @@ std::vector<KernelEntry> compiled_kernels() {
 
 std::vector<int> compiled_archs() { return FLASH_CUDA_BUILD_ARCHS; }
 
+const char* dtype_short_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
+
+std::string kernel_name(const KernelEntry& e) {
+  const char* family = "sm80";  // the only family so far; see ArchFamily
+  return std::string(e.direction) + "_" + family + "_" + dtype_short_name(e.dtype) + "_hdim" +
+         std::to_string(e.head_dim);
+}
+
 }  // namespace flash_cuda

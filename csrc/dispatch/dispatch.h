@@ -36,6 +36,10 @@ struct KernelEntry {
   int head_dim;
 };
 std::vector<KernelEntry> compiled_kernels();
+// The manifest's name of a kernel, e.g. "fwd_sm80_bf16_hdim128".
+std::string kernel_name(const KernelEntry& entry);
+// The manifest's name of a dtype: "fp16" / "bf16".
+const char* dtype_short_name(DType dtype);
 std::vector<int> compiled_archs();
 
 }  // namespace flash_cuda

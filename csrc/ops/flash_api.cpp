@@ -286,8 +286,6 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   return {dq, sum_over_group(dk_expanded, k.size(-2)), sum_over_group(dv_expanded, k.size(-2))};
 }
 
-const char* dtype_name(DType d) { return d == DType::kBFloat16 ? "bf16" : "fp16"; }
-
 pybind11::dict build_info() {
   pybind11::dict info;
   pybind11::list archs, kernels;
@@ -297,11 +295,10 @@ pybind11::dict build_info() {
   head_dims["bwd"] = pybind11::list();
   pybind11::set dtypes;
   for (const KernelEntry& e : compiled_kernels()) {
-    kernels.append(std::string(e.direction) + "_sm80_" + dtype_name(e.dtype) + "_hdim" +
-                   std::to_string(e.head_dim));
+    kernels.append(kernel_name(e));
     pybind11::list l = head_dims[e.direction];
     if (!l.contains(e.head_dim)) l.append(e.head_dim);
-    dtypes.add(dtype_name(e.dtype));
+    dtypes.add(dtype_short_name(e.dtype));
   }
   info["archs"] = archs;
   info["head_dims"] = head_dims;
