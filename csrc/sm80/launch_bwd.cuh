@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/launch.cuh"
 #include "common/launch_api.h"
 #include "sm80/bwd_kernel.cuh"
 
@@ -12,16 +13,10 @@ namespace flash_cuda::sm80 {
 template <class ElementTag, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Kernel = BwdKernel<ElementTag, kHeadDim>;
-  auto* kernel = &bwd_kernel<Kernel>;
-  constexpr int kSmem = Kernel::kSmemBytes;
-  // Past 48 KB a kernel must opt in to more dynamic shared memory.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((params.fwd.seq_k.seqlen + Kernel::kBlockN - 1) / Kernel::kBlockN,
-                  params.fwd.heads_q, params.fwd.batch * Kernel::kSlices);
-  if (grid.x == 0 || grid.z == 0) return cudaSuccess;
-  kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  const dim3 grid(tiles(params.fwd.seq_k.seqlen, Kernel::kBlockN), params.fwd.heads_q,
+                  params.fwd.batch * Kernel::kSlices);
+  return launch_with_smem(&bwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes,
+                          stream, params);
 }
 
 }  // namespace flash_cuda::sm80

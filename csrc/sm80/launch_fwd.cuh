@@ -1,9 +1,10 @@
-// Host-side launch of the portable forward kernel for one (dtype, head dim): grid shape, shared
-// memory opt-in, launch-error check.  Instantiated once per manifest entry.
+// Host-side launch of the portable forward kernel for one (dtype, head dim): its grid shape;
+// the shared-memory opt-in and launch check are common/launch.cuh's.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "common/launch.cuh"
 #include "common/launch_api.h"
 #include "sm80/fwd_kernel.cuh"
 
@@ -12,16 +13,9 @@ namespace flash_cuda::sm80 {
 template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   using Kernel = FwdKernel<ElementTag, kHeadDim>;
-  auto* kernel = &fwd_kernel<Kernel>;
-  constexpr int kSmem = Kernel::kSmemBytes;
-  // Past 48 KB a kernel must opt in to more dynamic shared memory.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((params.seq_q.seqlen + Kernel::kBlockM - 1) / Kernel::kBlockM, params.heads_q,
-                  params.batch);
-  if (grid.x == 0 || grid.z == 0) return cudaSuccess;
-  kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  const dim3 grid(tiles(params.seq_q.seqlen, Kernel::kBlockM), params.heads_q, params.batch);
+  return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes,
+                          stream, params);
 }
 
 }  // namespace flash_cuda::sm80

@@ -18,7 +18,7 @@ template <> struct FwdTileConfig<64> {  // O 64 + S 128 regs; kBlockN = 64: 4% s
 template <> struct FwdTileConfig<96> {  // O 96 + S 64 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
-template <> struct FwdTileConfig<128> {  // O 128 + S 64 regs (8 bytes spill); kBlockN = 32: 7% slower
+template <> struct FwdTileConfig<128> {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
 template <> struct FwdTileConfig<192> {  // 16 rows per warp: O 96 + S 32 regs
