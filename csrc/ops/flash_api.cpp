@@ -282,7 +282,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   C10_CUDA_CHECK(sm80::run_bwd_preprocess(p, dtype, stream));
   check_launch(kernel.bwd(p, stream), "backward", kernel.head_dim);
 
-  Tensor dq = dq_accum.mul_(scale).to(q.scalar_type());
+  Tensor dq = dq_accum.to(q.scalar_type());  // the kernel adds dQ already scaled
   return {dq, sum_over_group(dk_expanded, k.size(-2)), sum_over_group(dv_expanded, k.size(-2))};
 }
 

@@ -14,7 +14,7 @@ template <class ElementTag, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Kernel = BwdKernel<ElementTag, kHeadDim>;
   const dim3 grid(tiles(params.fwd.seq_k.seqlen, Kernel::kBlockN), params.fwd.heads_q,
-                  params.fwd.batch * Kernel::kSlices);
+                  params.fwd.batch);
   return launch_with_smem(&bwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes,
                           stream, params);
 }

@@ -28,25 +28,33 @@ template <> struct FwdTileConfig<256> {  // 16 rows per warp, 2 blocks per SM; 8
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
 };
 
-// Backward: a block owns kBlockN keys (16 per warp) and walks the query blocks of kBlockM rows.
-// A thread holds dK and dV for its 16 keys x kSliceDim columns (2 * kSliceDim / 8 fp32 regs) plus
-// S^T and dP^T (kBlockM / 4 regs).  Past 128 columns that does not fit, so the head dim is split
-// into kSlices blocks that each recompute S and dP (the price: 2 extra GEMMs of 5).
+// Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
+// Each of its five GEMMs splits over the warps in its own layout (warps along the first dim x
+// the rest): S = Q K^T and dP = dO V^T (kSdpWarpsM), dV += P^T dO and dK += dS^T Q
+// (kKvWarpsN), dQ = dS K (kDqWarpsM); P and dS pass through shared memory.  The binding
+// resource is registers: dK and dV live in them for the whole block (2 * kBlockN * kHeadDim /
+// threads fp32 each), S and dP for one query tile (2 * kBlockM * kBlockN / threads).  Q (and dO)
+// are double-buffered where shared memory allows (kStagesQ, kStagesDo).
 template <int kHeadDim> struct BwdTileConfig;
-template <> struct BwdTileConfig<64> {  // S^T + dP^T 128 regs, dK + dV 64; smem 147 KB
-  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8, kSlices = 1, kStages = 2;
+template <> struct BwdTileConfig<64> {  // dK+dV 64 regs, S+dP 128; smem 160 KB
+  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
+  static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
 };
-template <> struct BwdTileConfig<96> {  // smem 125 KB
-  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kSlices = 1, kStages = 2;
+template <> struct BwdTileConfig<96> {  // dK+dV 96 regs, S+dP 64; smem 139 KB
+  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 2;
+  static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
 };
-template <> struct BwdTileConfig<128> {  // smem 157 KB: the sm80 limit allows two stages only here
-  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kSlices = 1, kStages = 2;
+template <> struct BwdTileConfig<128> {  // dK+dV 128 regs, S+dP 64; smem 154 KB
+  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
+  static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 2;
 };
-template <> struct BwdTileConfig<192> {  // kBlockM = 64 spills; smem 107 KB
-  static constexpr int kBlockM = 32, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 2;
+template <> struct BwdTileConfig<192> {  // dK+dV 96 regs, S+dP 32; smem 144 KB
+  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
+  static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
 };
-template <> struct BwdTileConfig<256> {  // smem 106 KB: 2 blocks per SM; 64-row tiles: 10% slower
-  static constexpr int kBlockM = 32, kBlockN = 64, kNWarps = 4, kSlices = 2, kStages = 1;
+template <> struct BwdTileConfig<256> {  // dK+dV 128 regs, S+dP 32; smem 151 KB: one stage
+  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
+  static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
 };
 
 }  // namespace flash_cuda::sm80

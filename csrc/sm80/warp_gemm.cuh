@@ -1,0 +1,70 @@
+// One warp's tile of C += A . B on mma.sync m16n8k16 with both operands in padded shared memory
+// (see smem_tile.cuh).  The operand layouts are compile-time flags, so one routine serves every
+// GEMM of the backward: ldmatrix for operands stored with k contiguous, ldmatrix.trans for
+// operands stored with m (A) or n (B) contiguous.
+#pragma once
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+
+namespace flash_cuda::sm80 {
+
+// Where a warp tile's operands live: A(m, k) at a[m * lda + k], or at a[k * lda + m] when
+// kATrans; B(k, n) at b[n * ldb + k], or at b[k * ldb + n] when kBTrans.
+template <bool kATrans, bool kBTrans>
+struct OperandLayout {
+  static constexpr bool kA = kATrans;
+  static constexpr bool kB = kBTrans;
+};
+
+// acc (kM x kN, m16n8 accumulator tiles) += A (kM x kK) . B (kK x kN).
+template <int kM, int kN, int kK, class Layout, class Element>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kM / 16][kN / 8][4], const Element* a,
+                                          int lda, const Element* b, int ldb, int lane) {
+  static_assert(kM % 16 == 0 && kN % 16 == 0 && kK % 16 == 0,
+                "warp tiles are whole m16 x n16 x k16 steps");
+  // Lane offsets of the four 8x8 matrices one ldmatrix.x4 fetches (each lane names one row).
+  // A, k contiguous: (rows 0-7 | 8-15) x (k 0-7 | 8-15).  A, m contiguous: the same four
+  // matrices addressed by their k rows.  B likewise, as two n8 tiles of one k16 step.
+  const Element* a_lane = Layout::kA ? a + (lane % 8 + (lane / 16) * 8) * lda + ((lane / 8) % 2) * 8
+                                     : a + (lane % 16) * lda + (lane / 16) * 8;
+  const Element* b_lane = Layout::kB ? b + (lane % 8 + ((lane / 8) % 2) * 8) * ldb + (lane / 16) * 8
+                                     : b + (lane % 8 + (lane / 16) * 8) * ldb + ((lane / 8) % 2) * 8;
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    uint32_t ra[kM / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < kM / 16; ++mt) {
+      if constexpr (Layout::kA) {
+        ldmatrix_x4_trans(ra[mt], a_lane + ks * 16 * lda + mt * 16);
+      } else {
+        ldmatrix_x4(ra[mt], a_lane + mt * 16 * lda + ks * 16);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t rb[4];
+      if constexpr (Layout::kB) {
+        ldmatrix_x4_trans(rb, b_lane + ks * 16 * ldb + np * 16);
+      } else {
+        ldmatrix_x4(rb, b_lane + np * 16 * ldb + ks * 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kM / 16; ++mt) {
+        mma_16816<Element>(acc[mt][2 * np], ra[mt], rb[0], rb[1]);
+        mma_16816<Element>(acc[mt][2 * np + 1], ra[mt], rb[2], rb[3]);
+      }
+    }
+  }
+}
+
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+}
+
+}  // namespace flash_cuda::sm80
