@@ -1,7 +1,7 @@
 // Portable attention backward: one block per (key tile, head, batch element).  It keeps its K
 // and V tile in shared memory, walks the query tiles that see them, recomputes P from the saved
-// lse, accumulates dK and dV in registers and adds its share of dQ (already scaled) to a float32
-// buffer with atomics.
+// lse, accumulates dK and dV in registers and adds its share of dQ to a float32 buffer with
+// atomics.  The softmax scale is folded into dS, so dK and dQ come out scaled.
 #pragma once
 
 #include <cmath>
@@ -15,10 +15,10 @@
 
 namespace flash_cuda::sm80 {
 
-template <class ElementTag, int kHeadDim_>
+template <class ElementTag, int kHeadDim_, class Config_>
 struct BwdKernel {
   using Element = typename DeviceType<ElementTag>::type;
-  using Config = BwdTileConfig<kHeadDim_>;
+  using Config = Config_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
@@ -53,7 +53,7 @@ struct BwdKernel {
     float dot_do_o[2][kBlockM];  // rowsum(dO * O)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= kMaxSmemBytesSm80, "the tile config must fit an sm80 block");
+  static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
 
   struct Tile {  // where this block's operands live
     const Element *gq, *gdo, *gk, *gv;
@@ -127,9 +127,10 @@ struct BwdKernel {
   static __device__ void run(const BwdParams& p, SharedStorage& smem);
 };
 
-// P = exp(S * scale - lse) and dS = P * (dP - rowsum(dO*O)) for query tile m, stored to smem.
-template <class ElementTag, int kHeadDim>
-__device__ void BwdKernel<ElementTag, kHeadDim>::scores(const BwdParams& p, SharedStorage& smem,
+// P = exp(S * scale - lse) and dS = scale * P * (dP - rowsum(dO*O)) for query tile m, stored to
+// smem.  Scaling dS here serves both dQ and dK and saves a multiply per dQ element.
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams& p, SharedStorage& smem,
                                                        const MaskInfo& mask, int m, int n0,
                                                        int q_stage, int do_stage) {
   const int warp = threadIdx.x / 32;
@@ -137,7 +138,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::scores(const BwdParams& p, Shar
   const int wm = (warp % Config::kSdpWarpsM) * kSdpM;  // warp tile origin in the block tile
   const int wn = (warp / Config::kSdpWarpsM) * kSdpN;
   const int m0 = m * kBlockM;
-  const float scale_log2 = p.fwd.softmax_scale * float(M_LOG2E);
+  const float scale = p.fwd.softmax_scale;
+  const float scale_log2 = scale * float(M_LOG2E);
 
   float s[kSdpM / 16][kSdpN / 8][4];  // S, then P
   zero(s);
@@ -167,19 +169,20 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::scores(const BwdParams& p, Shar
   for (int mt = 0; mt < kSdpM / 16; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float dot = smem.dot_do_o[m % 2][wm + mt * 16 + lane / 4 + r * 8];
+      const float dot_scaled = smem.dot_do_o[m % 2][wm + mt * 16 + lane / 4 + r * 8] * scale;
 #pragma unroll
       for (int nt = 0; nt < kSdpN / 8; ++nt) {
-        dp[mt][nt][2 * r] = s[mt][nt][2 * r] * (dp[mt][nt][2 * r] - dot);
-        dp[mt][nt][2 * r + 1] = s[mt][nt][2 * r + 1] * (dp[mt][nt][2 * r + 1] - dot);
+        dp[mt][nt][2 * r] = s[mt][nt][2 * r] * fmaf(dp[mt][nt][2 * r], scale, -dot_scaled);
+        dp[mt][nt][2 * r + 1] = s[mt][nt][2 * r + 1] * fmaf(dp[mt][nt][2 * r + 1], scale, -dot_scaled);
       }
     }
   store_tile(smem.ds + wm * kPsPitch + wn, dp, lane);
 }
 
-// dQ[tile m] += scale * dS K, added to the float32 buffer with two-wide reductions.
-template <class ElementTag, int kHeadDim>
-__device__ void BwdKernel<ElementTag, kHeadDim>::add_dq(const BwdParams& p, SharedStorage& smem,
+// dQ[tile m] += dS K (dS carries the softmax scale), added to the float32 buffer with two-wide
+// reductions.
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams& p, SharedStorage& smem,
                                                        const Tile& t, int len_q, int m) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -189,28 +192,44 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::add_dq(const BwdParams& p, Shar
   zero(dq);
   warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true>>(dq, smem.ds + wm * kPsPitch, kPsPitch,
                                                             smem.k + wd, kPitch, lane);
-  const int m0 = m * kBlockM;
-  const float scale = p.fwd.softmax_scale;
-  // Rows past the used queries and columns past the head dim get nothing; whole tiles (the
-  // common case) skip the per-element test.
-  const bool whole_tile = m0 + kBlockM <= len_q && kHeadDim == p.fwd.head_dim;
+  const int row0 = m * kBlockM + wm + lane / 4;  // this thread's first row; then every 8th
+  const int col0 = wd + (lane % 4) * 2;
+  const int64_t stride8 = 8 * p.dq_accum.row_stride;
+  float* dst = t.gdq + int64_t(row0) * p.dq_accum.row_stride + col0;
+  // Whole tiles (the common case) need no per-element test and keep one pointer that steps by
+  // 8 rows; the column offsets are immediates.
+  if (m * kBlockM + kBlockM <= len_q && kHeadDim == p.fwd.head_dim) {
 #pragma unroll
-  for (int mt = 0; mt < kDqM / 16; ++mt)
+    for (int mt = 0; mt < kDqM / 16; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = m0 + wm + mt * 16 + lane / 4 + r * 8;
-      float* dst = t.gdq + int64_t(row) * p.dq_accum.row_stride + wd + (lane % 4) * 2;
+      for (int r = 0; r < 2; ++r) {
 #pragma unroll
-      for (int dt = 0; dt < kDqD / 8; ++dt) {
-        if (whole_tile || (row < len_q && wd + dt * 8 + (lane % 4) * 2 < p.fwd.head_dim)) {
-          red_add_f32x2(dst + dt * 8, dq[mt][dt][2 * r] * scale, dq[mt][dt][2 * r + 1] * scale);
+        for (int dt = 0; dt < kDqD / 8; ++dt) {
+          red_add_f32x2(dst + dt * 8, dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
         }
+        dst += stride8;
       }
-    }
+  } else {
+    // Rows past the used queries and columns past the head dim get nothing.
+#pragma unroll
+    for (int mt = 0; mt < kDqM / 16; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (row0 + mt * 16 + r * 8 < len_q) {
+#pragma unroll
+          for (int dt = 0; dt < kDqD / 8; ++dt) {
+            if (col0 + dt * 8 < p.fwd.head_dim) {
+              red_add_f32x2(dst + dt * 8, dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
+            }
+          }
+        }
+        dst += stride8;
+      }
+  }
 }
 
-template <class ElementTag, int kHeadDim>
-__device__ void BwdKernel<ElementTag, kHeadDim>::run(const BwdParams& p, SharedStorage& smem) {
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p, SharedStorage& smem) {
   const FwdParams& f = p.fwd;
   Tile t;
   const int head = blockIdx.y;
@@ -289,7 +308,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::run(const BwdParams& p, SharedS
     }
   }
 
-  // dK = scale * dS^T Q; rows past the sequence's used keys hold zeros and are written too.
+  // dK = dS^T Q (dS carries the scale).  Rows past the used keys hold zeros and are written too.
   Element* gdk = static_cast<Element*>(p.dk.ptr) + batch * p.dk.batch_stride +
                  k_row0 * p.dk.row_stride + head * p.dk.head_stride;
   Element* gdv = static_cast<Element*>(p.dv.ptr) + batch * p.dv.batch_stride +
@@ -304,7 +323,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::run(const BwdParams& p, SharedS
         const int col = kv_d + dt * 8 + (lane % 4) * 2;
         if (t.n0 + row < sk.extent && col < f.head_dim) {
           *reinterpret_cast<uint32_t*>(gdk + int64_t(row) * p.dk.row_stride + col) =
-              pack2<Element>(dk[mt][dt][2 * r] * f.softmax_scale, dk[mt][dt][2 * r + 1] * f.softmax_scale);
+              pack2<Element>(dk[mt][dt][2 * r], dk[mt][dt][2 * r + 1]);
           *reinterpret_cast<uint32_t*>(gdv + int64_t(row) * p.dv.row_stride + col) =
               pack2<Element>(dv[mt][dt][2 * r], dv[mt][dt][2 * r + 1]);
         }
@@ -313,8 +332,15 @@ __device__ void BwdKernel<ElementTag, kHeadDim>::run(const BwdParams& p, SharedS
 
 template <class Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads) bwd_kernel(const __grid_constant__ BwdParams params) {
-  extern __shared__ __align__(16) char smem_buf[];
-  Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+#if defined(__CUDA_ARCH__)
+  // A config's body is compiled only for the archs its launcher picks it on; elsewhere (never
+  // launched) it stays empty, which keeps the compile time of two configs that of one.
+  if constexpr (Kernel::Config::kMinArch * 10 <= __CUDA_ARCH__ &&
+                __CUDA_ARCH__ < Kernel::Config::kEndArch * 10) {
+    extern __shared__ __align__(16) char smem_buf[];
+    Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+  }
+#endif
 }
 
 }  // namespace flash_cuda::sm80
