@@ -109,6 +109,19 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
 #endif
 }
 
+// dst[0..3] += v, fire-and-forget; dst must be 16-byte aligned.  One instruction on sm_90.
+__device__ __forceinline__ void red_add_f32x4(float* dst, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w) : "memory");
+#else
+  atomicAdd(dst, v.x);
+  atomicAdd(dst + 1, v.y);
+  atomicAdd(dst + 2, v.z);
+  atomicAdd(dst + 3, v.w);
+#endif
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -35,11 +35,20 @@ struct BwdKernel {
   static constexpr int kDqD = kHeadDim / (kNWarps / Config::kDqWarpsM);      //     dims
   static constexpr int kPitch = PaddedRows<kHeadDim>::kPitch;
   static constexpr int kPsPitch = PaddedRows<kBlockN>::kPitch;
+  // dQ staging (Config::kStageDq): one float32 (kDqM, kDqD) tile per warp, rows padded by 8
+  // floats so that the 8-byte fragment stores of a half-warp hit 32 distinct banks; read back
+  // as 16-byte vectors, kDqLanesPerRow lanes per row.
+  static constexpr bool kStageDq = Config::kStageDq;
+  static constexpr int kDqPitch = kDqD + 8;
+  static constexpr int kDqLanesPerRow = kDqD / 4;
+  static constexpr int kDqRowsPerPass = 32 / kDqLanesPerRow;
   static_assert(kStagesQ >= 1 && kStagesQ <= 2 && kStagesDo >= 1 && kStagesDo <= 2,
                 "Q and dO are single- or double-buffered");
   static_assert(kSdpM % 16 == 0 && kSdpN % 16 == 0 && kKvN % 16 == 0 && kKvD % 16 == 0 &&
                     kDqM % 16 == 0 && kDqD % 16 == 0,
                 "every warp layout must give whole 16 x 16 warp tiles");
+  static_assert(!kStageDq || (kDqLanesPerRow <= 32 && kDqM % kDqRowsPerPass == 0),
+                "the staged dQ tile must split into whole passes of rows");
 
   struct SharedStorage {
     Element k[kBlockN * kPitch];                // (kBlockN, kHeadDim) padded
@@ -51,6 +60,7 @@ struct BwdKernel {
     // Per query tile, double-buffered by tile parity whatever the Q / dO stages.
     float lse[2][kBlockM];      // as the forward wrote it; 0 for rows past the used length
     float dot_do_o[2][kBlockM];  // rowsum(dO * O)
+    alignas(16) float dq[kStageDq ? kNWarps * kDqM * kDqPitch : 1];  // per-warp dQ staging
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
@@ -192,13 +202,45 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
   zero(dq);
   warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true>>(dq, smem.ds + wm * kPsPitch, kPsPitch,
                                                             smem.k + wd, kPitch, lane);
+  const bool whole_tile = m * kBlockM + kBlockM <= len_q && kHeadDim == p.fwd.head_dim;
+  if constexpr (kStageDq) {
+    // Through this warp's staging tile, so that each reduction covers 16 contiguous bytes per
+    // lane.  Only this warp touches the tile: __syncwarp orders the stores before the loads,
+    // and the next query tile's stores come after the block barriers of its score phase.
+    float* sdq = smem.dq + warp * kDqM * kDqPitch;
+#pragma unroll
+    for (int mt = 0; mt < kDqM / 16; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int dt = 0; dt < kDqD / 8; ++dt) {
+          *reinterpret_cast<float2*>(sdq + (mt * 16 + lane / 4 + r * 8) * kDqPitch + dt * 8 +
+                                     (lane % 4) * 2) = make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
+        }
+    __syncwarp();
+    if (lane >= kDqRowsPerPass * kDqLanesPerRow) return;  // lanes left over when kDqD / 4 does not divide 32
+    const int row = lane / kDqLanesPerRow;
+    const int col = (lane % kDqLanesPerRow) * 4;
+    const int row0 = m * kBlockM + wm + row;
+    float* dst = t.gdq + int64_t(row0) * p.dq_accum.row_stride + wd + col;
+    const int64_t step = kDqRowsPerPass * p.dq_accum.row_stride;
+    const bool col_ok = wd + col < p.fwd.head_dim;
+#pragma unroll
+    for (int i = 0; i < kDqM / kDqRowsPerPass; ++i) {
+      if (whole_tile || (col_ok && row0 + i * kDqRowsPerPass < len_q)) {
+        red_add_f32x4(dst, *reinterpret_cast<const float4*>(sdq + (row + i * kDqRowsPerPass) * kDqPitch + col));
+      }
+      dst += step;
+    }
+    return;
+  }
   const int row0 = m * kBlockM + wm + lane / 4;  // this thread's first row; then every 8th
   const int col0 = wd + (lane % 4) * 2;
   const int64_t stride8 = 8 * p.dq_accum.row_stride;
   float* dst = t.gdq + int64_t(row0) * p.dq_accum.row_stride + col0;
   // Whole tiles (the common case) need no per-element test and keep one pointer that steps by
   // 8 rows; the column offsets are immediates.
-  if (m * kBlockM + kBlockM <= len_q && kHeadDim == p.fwd.head_dim) {
+  if (whole_tile) {
 #pragma unroll
     for (int mt = 0; mt < kDqM / 16; ++mt)
 #pragma unroll

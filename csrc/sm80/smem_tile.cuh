@@ -34,15 +34,6 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
     const bool col_valid = col < cols_valid;
     const Element* src = gmem + row0 * row_stride + col;
     const int64_t step = kRowsPerPass * row_stride;
-    if (rows_valid >= kRows && cols_valid >= kCols) {
-      // Whole tile (the common case): no per-row test or address select.
-#pragma unroll
-      for (int i = 0; i < kChunks / kThreads; ++i) {
-        cp_async_16(smem + (row0 + i * kRowsPerPass) * PaddedRows<kCols>::kPitch + col, src, true);
-        src += step;
-      }
-      return;
-    }
 #pragma unroll
     for (int i = 0; i < kChunks / kThreads; ++i) {
       const bool valid = col_valid && row0 + i * kRowsPerPass < rows_valid;
