@@ -35,19 +35,22 @@ struct BwdKernel {
   static constexpr int kDqD = kHeadDim / (kNWarps / Config::kDqWarpsM);      //     dims
   static constexpr int kPitch = PaddedRows<kHeadDim>::kPitch;
   static constexpr int kPsPitch = PaddedRows<kBlockN>::kPitch;
-  // dQ staging (Config::kStageDq): one float32 (kDqM, kDqD) tile per warp, rows padded by 8
-  // floats so that the 8-byte fragment stores of a half-warp hit 32 distinct banks; read back
+  // dQ staging (Config::kStageDq): one float32 (kDqM, kDqChunkD) tile per warp, rows padded by
+  // 8 floats so that the 8-byte fragment stores of a half-warp hit 32 distinct banks; read back
   // as 16-byte vectors, kDqLanesPerRow lanes per row.
   static constexpr bool kStageDq = Config::kStageDq;
-  static constexpr int kDqPitch = kDqD + 8;
-  static constexpr int kDqLanesPerRow = kDqD / 4;
+  static constexpr int kDqChunks = Config::kDqChunks;
+  static constexpr int kDqChunkD = kDqD / kDqChunks;
+  static constexpr int kDqPitch = kDqChunkD + 8;
+  static constexpr int kDqLanesPerRow = kDqChunkD / 4;
   static constexpr int kDqRowsPerPass = 32 / kDqLanesPerRow;
   static_assert(kStagesQ >= 1 && kStagesQ <= 2 && kStagesDo >= 1 && kStagesDo <= 2,
                 "Q and dO are single- or double-buffered");
   static_assert(kSdpM % 16 == 0 && kSdpN % 16 == 0 && kKvN % 16 == 0 && kKvD % 16 == 0 &&
                     kDqM % 16 == 0 && kDqD % 16 == 0,
                 "every warp layout must give whole 16 x 16 warp tiles");
-  static_assert(!kStageDq || (kDqLanesPerRow <= 32 && kDqM % kDqRowsPerPass == 0),
+  static_assert(!kStageDq || (kDqChunkD % 16 == 0 && kDqLanesPerRow <= 32 &&
+                               kDqM % kDqRowsPerPass == 0),
                 "the staged dQ tile must split into whole passes of rows");
 
   struct SharedStorage {
@@ -189,8 +192,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
   store_tile(smem.ds + wm * kPsPitch + wn, dp, lane);
 }
 
-// dQ[tile m] += dS K (dS carries the softmax scale), added to the float32 buffer with two-wide
-// reductions.
+// dQ[tile m] += dS K (dS carries the softmax scale), added to the float32 buffer.
 template <class ElementTag, int kHeadDim, class Config>
 __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams& p, SharedStorage& smem,
                                                        const Tile& t, int len_q, int m) {
@@ -198,42 +200,53 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
   const int lane = threadIdx.x % 32;
   const int wm = (warp % Config::kDqWarpsM) * kDqM;
   const int wd = (warp / Config::kDqWarpsM) * kDqD;
+  const bool whole_tile = m * kBlockM + kBlockM <= len_q && kHeadDim == p.fwd.head_dim;
+  if constexpr (kStageDq) {
+    // Through this warp's staging tile, kDqChunkD columns at a time, so that each reduction
+    // covers 16 contiguous bytes per lane.  Only this warp touches the tile: __syncwarp orders
+    // its stores before its loads and its loads before the next chunk's stores.
+    float* sdq = smem.dq + warp * kDqM * kDqPitch;
+    const int row = lane / kDqLanesPerRow;
+    const int col = (lane % kDqLanesPerRow) * 4;
+    const bool active = lane < kDqRowsPerPass * kDqLanesPerRow;  // kDqChunkD / 4 may not divide 32
+    const int64_t step = kDqRowsPerPass * p.dq_accum.row_stride;
+#pragma unroll
+    for (int c = 0; c < kDqChunks; ++c) {
+      const int wc = wd + c * kDqChunkD;
+      float dq[kDqM / 16][kDqChunkD / 8][4];
+      zero(dq);
+      warp_gemm<kDqM, kDqChunkD, kBlockN, OperandLayout<false, true>>(
+          dq, smem.ds + wm * kPsPitch, kPsPitch, smem.k + wc, kPitch, lane);
+#pragma unroll
+      for (int mt = 0; mt < kDqM / 16; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int dt = 0; dt < kDqChunkD / 8; ++dt) {
+            *reinterpret_cast<float2*>(sdq + (mt * 16 + lane / 4 + r * 8) * kDqPitch + dt * 8 +
+                                       (lane % 4) * 2) = make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
+          }
+      __syncwarp();
+      if (active) {
+        const int row0 = m * kBlockM + wm + row;
+        float* dst = t.gdq + int64_t(row0) * p.dq_accum.row_stride + wc + col;
+        const bool col_ok = wc + col < p.fwd.head_dim;
+#pragma unroll
+        for (int i = 0; i < kDqM / kDqRowsPerPass; ++i) {
+          if (whole_tile || (col_ok && row0 + i * kDqRowsPerPass < len_q)) {
+            red_add_f32x4(dst, *reinterpret_cast<const float4*>(sdq + (row + i * kDqRowsPerPass) * kDqPitch + col));
+          }
+          dst += step;
+        }
+      }
+      __syncwarp();
+    }
+    return;
+  }
   float dq[kDqM / 16][kDqD / 8][4];
   zero(dq);
   warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true>>(dq, smem.ds + wm * kPsPitch, kPsPitch,
                                                             smem.k + wd, kPitch, lane);
-  const bool whole_tile = m * kBlockM + kBlockM <= len_q && kHeadDim == p.fwd.head_dim;
-  if constexpr (kStageDq) {
-    // Through this warp's staging tile, so that each reduction covers 16 contiguous bytes per
-    // lane.  Only this warp touches the tile: __syncwarp orders the stores before the loads,
-    // and the next query tile's stores come after the block barriers of its score phase.
-    float* sdq = smem.dq + warp * kDqM * kDqPitch;
-#pragma unroll
-    for (int mt = 0; mt < kDqM / 16; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int dt = 0; dt < kDqD / 8; ++dt) {
-          *reinterpret_cast<float2*>(sdq + (mt * 16 + lane / 4 + r * 8) * kDqPitch + dt * 8 +
-                                     (lane % 4) * 2) = make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
-        }
-    __syncwarp();
-    if (lane >= kDqRowsPerPass * kDqLanesPerRow) return;  // lanes left over when kDqD / 4 does not divide 32
-    const int row = lane / kDqLanesPerRow;
-    const int col = (lane % kDqLanesPerRow) * 4;
-    const int row0 = m * kBlockM + wm + row;
-    float* dst = t.gdq + int64_t(row0) * p.dq_accum.row_stride + wd + col;
-    const int64_t step = kDqRowsPerPass * p.dq_accum.row_stride;
-    const bool col_ok = wd + col < p.fwd.head_dim;
-#pragma unroll
-    for (int i = 0; i < kDqM / kDqRowsPerPass; ++i) {
-      if (whole_tile || (col_ok && row0 + i * kDqRowsPerPass < len_q)) {
-        red_add_f32x4(dst, *reinterpret_cast<const float4*>(sdq + (row + i * kDqRowsPerPass) * kDqPitch + col));
-      }
-      dst += step;
-    }
-    return;
-  }
   const int row0 = m * kBlockM + wm + lane / 4;  // this thread's first row; then every 8th
   const int col0 = wd + (lane % 4) * 2;
   const int64_t stride8 = 8 * p.dq_accum.row_stride;

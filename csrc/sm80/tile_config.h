@@ -46,30 +46,35 @@ template <> struct BwdTileConfig<64> {  // dK+dV 64 regs, S+dP 128; smem 160 KB
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
+  static constexpr int kDqChunks = 1;
 };
 template <> struct BwdTileConfig<96> {  // dK+dV 96 regs, S+dP 64; smem 139 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 2;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
+  static constexpr int kDqChunks = 1;
 };
 template <> struct BwdTileConfig<128> {  // dK+dV 128 regs, S+dP 64; smem 154 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 2;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
+  static constexpr int kDqChunks = 1;
 };
 template <> struct BwdTileConfig<192> {  // dK+dV 96 regs, S+dP 32; smem 144 KB
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
+  static constexpr int kDqChunks = 1;
 };
 template <> struct BwdTileConfig<256> {  // dK+dV 128 regs, S+dP 32; smem 151 KB: one stage
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
+  static constexpr int kDqChunks = 1;
 };
 
 // sm90 and later: the same tiles, with the 227 KB spent on (1) a per-warp float32 staging tile
@@ -81,6 +86,7 @@ struct BwdTileConfigSm90 : BwdTileConfig<kHeadDim> {  // smem 210 / 166 / 207 / 
   static constexpr int kStagesQ = kHeadDim == 256 ? 1 : 2;
   static constexpr int kStagesDo = kHeadDim == 256 ? 1 : 2;
   static constexpr bool kStageDq = true;
+  static constexpr int kDqChunks = 1;
   static constexpr int kMinArch = 90, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm90;
 };
 
