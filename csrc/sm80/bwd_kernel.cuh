@@ -33,7 +33,7 @@ struct BwdKernel {
   static constexpr int kKvD = kHeadDim / (kNWarps / Config::kKvWarpsN);      //         dims
   static constexpr int kDqM = kBlockM / Config::kDqWarpsM;                   // dQ: queries
   static constexpr int kDqD = kHeadDim / (kNWarps / Config::kDqWarpsM);      //     dims
-  static constexpr int kPitch = PaddedRows<kHeadDim>::kPitch;
+  static constexpr int kPitch = CopyRows<kHeadDim>::kPitch;  // Q, K, V, dO
   static constexpr int kPsPitch = PaddedRows<kBlockN>::kPitch;
   // dQ staging (Config::kStageDq): one float32 (kDqM, kDqChunkD) tile per warp, rows padded by
   // 8 floats so that the 8-byte fragment stores of a half-warp hit 32 distinct banks; read back
@@ -54,10 +54,10 @@ struct BwdKernel {
                 "the staged dQ tile must split into whole passes of rows");
 
   struct SharedStorage {
-    Element k[kBlockN * kPitch];                // (kBlockN, kHeadDim) padded
-    Element v[kBlockN * kPitch];                // (kBlockN, kHeadDim) padded
-    Element q[kStagesQ][kBlockM * kPitch];      // (kBlockM, kHeadDim) padded, per stage
-    Element dout[kStagesDo][kBlockM * kPitch];  // (kBlockM, kHeadDim) padded, per stage
+    Element k[kBlockN * kPitch];                // (kBlockN, kHeadDim) CopyRows
+    Element v[kBlockN * kPitch];                // (kBlockN, kHeadDim) CopyRows
+    Element q[kStagesQ][kBlockM * kPitch];      // (kBlockM, kHeadDim) CopyRows, per stage
+    Element dout[kStagesDo][kBlockM * kPitch];  // (kBlockM, kHeadDim) CopyRows, per stage
     Element p[kBlockM * kPsPitch];              // P  (kBlockM, kBlockN) padded
     Element ds[kBlockM * kPsPitch];             // dS (kBlockM, kBlockN) padded
     // Per query tile, double-buffered by tile parity whatever the Q / dO stages.
@@ -156,7 +156,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
 
   float s[kSdpM / 16][kSdpN / 8][4];  // S, then P
   zero(s);
-  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false>>(
+  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false, true, true>>(
       s, smem.q[q_stage] + wm * kPitch, kPitch, smem.k + wn * kPitch, kPitch, lane);
   if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) apply_mask(s, mask, m0 + wm, n0 + wn, lane);
 #pragma unroll
@@ -176,7 +176,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
 
   float dp[kSdpM / 16][kSdpN / 8][4];  // dP, then dS
   zero(dp);
-  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false>>(
+  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false, true, true>>(
       dp, smem.dout[do_stage] + wm * kPitch, kPitch, smem.v + wn * kPitch, kPitch, lane);
 #pragma unroll
   for (int mt = 0; mt < kSdpM / 16; ++mt)
@@ -215,7 +215,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
       const int wc = wd + c * kDqChunkD;
       float dq[kDqM / 16][kDqChunkD / 8][4];
       zero(dq);
-      warp_gemm<kDqM, kDqChunkD, kBlockN, OperandLayout<false, true>>(
+      warp_gemm<kDqM, kDqChunkD, kBlockN, OperandLayout<false, true, false, true>>(
           dq, smem.ds + wm * kPsPitch, kPsPitch, smem.k + wc, kPitch, lane);
 #pragma unroll
       for (int mt = 0; mt < kDqM / 16; ++mt)
@@ -245,7 +245,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
   }
   float dq[kDqM / 16][kDqD / 8][4];
   zero(dq);
-  warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true>>(dq, smem.ds + wm * kPsPitch, kPsPitch,
+  warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true, false, true>>(dq, smem.ds + wm * kPsPitch, kPsPitch,
                                                             smem.k + wd, kPitch, lane);
   const int row0 = m * kBlockM + wm + lane / 4;  // this thread's first row; then every 8th
   const int col0 = wd + (lane % 4) * 2;
@@ -345,14 +345,14 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
       scores(p, smem, mask, m, t.n0, q_stage, do_stage);
       __syncthreads();  // P and dS complete: the GEMMs below read other warps' tiles
 
-      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true>>(
+      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true, false, true>>(
           dv, smem.p + kv_n, kPsPitch, smem.dout[do_stage] + kv_d, kPitch, lane);
       if (kStagesDo == 1 && has_next) {
         __syncthreads();  // every warp is done reading dO: the next tile's may land there
         load_do(p, smem, t, sq.len, m + 1, 0);
         cp_async_commit();
       }
-      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true>>(
+      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true, false, true>>(
           dk, smem.ds + kv_n, kPsPitch, smem.q[q_stage] + kv_d, kPitch, lane);
       if (kStagesQ == 1 && has_next) {
         __syncthreads();  // every warp is done reading Q: the next tile's may land there

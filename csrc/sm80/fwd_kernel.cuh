@@ -26,15 +26,15 @@ struct FwdKernel {
   static constexpr int kMTiles = kWarpRows / 16;  // m16 MMA tiles per warp
   static constexpr int kNTiles = kBlockN / 8;     // n8 tiles of S per warp
   static constexpr int kDTiles = kHeadDim / 8;    // n8 tiles of O per warp
-  static constexpr int kPitch = PaddedRows<kHeadDim>::kPitch;
+  static constexpr int kPitch = CopyRows<kHeadDim>::kPitch;
   static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "MMA k-steps are 16 wide");
 
   // O is staged through q's buffer in the epilogue (each warp rewrites only its own rows).
   struct SharedStorage {
-    Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) padded
-    Element k[kBlockN * kPitch];  // (kBlockN, kHeadDim) padded
-    Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) padded
+    Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) CopyRows
+    Element k[kBlockN * kPitch];  // (kBlockN, kHeadDim) CopyRows
+    Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) CopyRows
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytesSm80, "the tile config must fit an sm80 block");
@@ -49,20 +49,21 @@ struct FwdKernel {
   static __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4],
                                                  const Element* sq, const Element* sk,
                                                  int warp_row0, int lane) {
+    const int swap = CopyRows<kHeadDim>::lane_chunk_swap(lane);  // every row here is lane mod 8
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t a[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         ldmatrix_x4(a[mt], sq + (warp_row0 + mt * 16 + lane % 16) * kPitch + ks * 16 +
-                               (lane / 16) * 8);
+                               ((lane / 16) ^ swap) * 8);
       }
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         // Matrices: keys 0-7 | k 0-7, keys 0-7 | k 8-15, keys 8-15 | k 0-7, keys 8-15 | k 8-15.
         uint32_t b[4];
         ldmatrix_x4(b, sk + (np * 16 + (lane / 16) * 8 + lane % 8) * kPitch + ks * 16 +
-                           ((lane / 8) % 2) * 8);
+                           (((lane / 8) % 2) ^ swap) * 8);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<Element>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -76,6 +77,7 @@ struct FwdKernel {
   static __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4],
                                                  const uint32_t (&p)[kMTiles][kBlockN / 16][4],
                                                  const Element* sv, int lane) {
+    const int swap = CopyRows<kHeadDim>::lane_chunk_swap(lane);  // every row here is lane mod 8
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
@@ -83,7 +85,7 @@ struct FwdKernel {
         // V is (key, dim) in smem; .trans hands each thread the key pair the B operand needs.
         uint32_t b[4];
         ldmatrix_x4_trans(b, sv + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kPitch +
-                                 dp * 16 + (lane / 16) * 8);
+                                 dp * 16 + ((lane / 16) ^ swap) * 8);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<Element>(o[mt][2 * dp], p[mt][kk], b[0], b[1]);
@@ -298,7 +300,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, Sh
       }
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        *reinterpret_cast<uint32_t*>(so + row * kPitch + dt * 8 + (lane % 4) * 2) =
+        *reinterpret_cast<uint32_t*>(so + CopyRows<kHeadDim>::offset(row, dt * 8 + (lane % 4) * 2)) =
             pack2<Element>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       }
     }
@@ -311,7 +313,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, Sh
     const int col = (chunk % kChunksPerRow) * 8;
     if (m0 + row < sq.extent && col < p.head_dim) {
       *reinterpret_cast<uint4*>(go + row * p.o.row_stride + col) =
-          *reinterpret_cast<const uint4*>(so + row * kPitch + col);
+          *reinterpret_cast<const uint4*>(so + CopyRows<kHeadDim>::offset(row, col));
     }
   }
 }

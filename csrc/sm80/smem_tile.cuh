@@ -1,7 +1,7 @@
-// Shared-memory tiles of the portable kernels: row-major with each row padded by 16 bytes, so
-// the eight row addresses of one ldmatrix land in eight different 4-bank groups (no conflicts)
-// for any row length that is a multiple of 16 elements (every compiled head dim), without a
-// swizzle that would need power-of-2 rows.
+// Shared-memory tiles of the portable kernels.  Two row layouts, both conflict-free for the
+// eight row addresses of one ldmatrix without a power-of-2 row length:
+// - PaddedRows: rows padded by 16 bytes (tiles written from registers: P, dS);
+// - CopyRows: tiles filled by cp.async from global memory (Q, K, V, dO).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +15,27 @@ struct PaddedRows {
   static constexpr int kPitch = kCols + 8;  // elements; +8 x 2 bytes = one 16-byte bank group
 };
 
+// Rows padded to a multiple of 32 bytes, so that each 32-byte global sector a cp.async reads
+// lands in one 32-byte shared-memory granule.  (With 16-byte padding every other row straddled
+// granules and its sectors were fetched twice: 50% more L2 sectors than ideal, measured.)  A
+// pitch of 8 words mod 32 would alias rows r and r + 4 in the banks, so rows whose bit 2 is set
+// swap the two 16-byte chunks of every granule.  The swap stays inside a granule, keeps every
+// offset additive for the ldmatrix lanes (whose rows are lane mod 8, see lane_chunk_swap), and
+// moves rows 4-7 of a matrix by one bank group.
+template <int kCols>
+struct CopyRows {
+  static constexpr int kPitch = kCols + 16;
+  static_assert(kCols % 16 == 0, "rows are whole 32-byte granules");
+  // Element offset of (row, col).
+  static __device__ __forceinline__ int offset(int row, int col) {
+    return row * kPitch + (col ^ (((row >> 2) & 1) << 3));
+  }
+  // The chunk swap (0 or 1) of a row that is congruent to `lane` mod 8.
+  static __device__ __forceinline__ int lane_chunk_swap(int lane) { return (lane >> 2) & 1; }
+};
+
 // Asynchronously copies a kRows x kCols tile (row 0 at `gmem`, rows `row_stride` apart) into
-// `smem` with 16-byte cp.async.  Rows >= rows_valid and columns >= cols_valid are zero-filled,
+// `smem` (CopyRows layout) with 16-byte cp.async.  Rows >= rows_valid and columns >= cols_valid are zero-filled,
 // which is what the MMAs need for ragged sequence ends and rounded-up head dims.
 template <int kRows, int kCols, int kThreads, class Element>
 __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gmem,
@@ -38,7 +57,7 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
     for (int i = 0; i < kChunks / kThreads; ++i) {
       const bool valid = col_valid && row0 + i * kRowsPerPass < rows_valid;
       // An invalid chunk reads nothing; its source address is kept in bounds anyway.
-      cp_async_16(smem + (row0 + i * kRowsPerPass) * PaddedRows<kCols>::kPitch + col,
+      cp_async_16(smem + CopyRows<kCols>::offset(row0 + i * kRowsPerPass, col),
                   valid ? src : gmem, valid);
       src += step;
     }
@@ -51,7 +70,7 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
       const int col = (chunk % kChunksPerRow) * 8;
       const bool valid = row < rows_valid && col < cols_valid;
       const Element* src = valid ? gmem + row * row_stride + col : gmem;
-      cp_async_16(smem + row * PaddedRows<kCols>::kPitch + col, src, valid);
+      cp_async_16(smem + CopyRows<kCols>::offset(row, col), src, valid);
     }
   }
 }

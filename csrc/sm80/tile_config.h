@@ -41,35 +41,35 @@ template <> struct FwdTileConfig<256> {  // 16 rows per warp, 2 blocks per SM; 8
 // Each table serves the compute capabilities [kMinArch, kEndArch); the launcher picks by the
 // device's and the kernel body is compiled only there.
 template <int kHeadDim> struct BwdTileConfig;
-template <> struct BwdTileConfig<64> {  // dK+dV 64 regs, S+dP 128; smem 160 KB
-  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
+template <> struct BwdTileConfig<64> {  // dK+dV 64 regs, S+dP 128; smem 150 KB: one Q stage
+  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
   static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<96> {  // dK+dV 96 regs, S+dP 64; smem 139 KB
+template <> struct BwdTileConfig<96> {  // dK+dV 96 regs, S+dP 64; smem 147 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 2;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
   static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<128> {  // dK+dV 128 regs, S+dP 64; smem 154 KB
+template <> struct BwdTileConfig<128> {  // dK+dV 128 regs, S+dP 64; smem 161 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 2;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
   static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<192> {  // dK+dV 96 regs, S+dP 32; smem 144 KB
+template <> struct BwdTileConfig<192> {  // dK+dV 96 regs, S+dP 32; smem 149 KB
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr bool kStageDq = false;
   static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<256> {  // dK+dV 128 regs, S+dP 32; smem 151 KB: one stage
+template <> struct BwdTileConfig<256> {  // dK+dV 128 regs, S+dP 32; smem 155 KB: one stage
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
@@ -80,12 +80,12 @@ template <> struct BwdTileConfig<256> {  // dK+dV 128 regs, S+dP 32; smem 151 KB
 // sm90 and later: the same tiles, with the 227 KB spent on (1) a per-warp float32 staging tile
 // for dQ, so that each reduction adds 16 contiguous bytes per lane (four 128-byte lines per
 // instruction instead of eight rows of 32 bytes: the reductions were 13% of the time; +7%
-// measured), and (2) double-buffered Q, and dO where it still fits (+2-3%).  Head dim 256
-// stages its dQ tile in two column chunks to make room for the second Q stage.
+// measured), and (2) a second Q and dO stage where they still fit (+2-3% each).  Head dim 256
+// stages its dQ tile in two column chunks.
 template <int kHeadDim>
-struct BwdTileConfigSm90 : BwdTileConfig<kHeadDim> {  // smem 218 / 167 / 211 / 225 / 224 KB
-  static constexpr int kStagesQ = 2;
-  static constexpr int kStagesDo = kHeadDim == 256 ? 1 : 2;
+struct BwdTileConfigSm90 : BwdTileConfig<kHeadDim> {  // smem 210 / 175 / 219 / 205 / 195 KB
+  static constexpr int kStagesQ = kHeadDim == 256 ? 1 : 2;
+  static constexpr int kStagesDo = kHeadDim == 96 || kHeadDim == 128 ? 2 : 1;
   static constexpr bool kStageDq = true;
   static constexpr int kDqChunks = kHeadDim == 256 ? 2 : 1;
   static constexpr int kMinArch = 90, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm90;

@@ -11,11 +11,16 @@
 namespace flash_cuda::sm80 {
 
 // Where a warp tile's operands live: A(m, k) at a[m * lda + k], or at a[k * lda + m] when
-// kATrans; B(k, n) at b[n * ldb + k], or at b[k * ldb + n] when kBTrans.
-template <bool kATrans, bool kBTrans>
+// kATrans; B(k, n) at b[n * ldb + k], or at b[k * ldb + n] when kBTrans.  kASwap / kBSwap: the
+// operand is a CopyRows tile (see smem_tile.cuh), whose rows with bit 2 set swap the two
+// 16-byte chunks of each 32-byte granule; the warp tile must then start on a row that is a
+// multiple of 8 and a column that is a multiple of 16.
+template <bool kATrans, bool kBTrans, bool kASwap = false, bool kBSwap = false>
 struct OperandLayout {
   static constexpr bool kA = kATrans;
   static constexpr bool kB = kBTrans;
+  static constexpr bool kASw = kASwap;
+  static constexpr bool kBSw = kBSwap;
 };
 
 // acc (kM x kN, m16n8 accumulator tiles) += A (kM x kK) . B (kK x kN).
@@ -24,13 +29,19 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kM / 16][kN / 8][4], cons
                                           int lda, const Element* b, int ldb, int lane) {
   static_assert(kM % 16 == 0 && kN % 16 == 0 && kK % 16 == 0,
                 "warp tiles are whole m16 x n16 x k16 steps");
-  // Lane offsets of the four 8x8 matrices one ldmatrix.x4 fetches (each lane names one row).
-  // A, k contiguous: (rows 0-7 | 8-15) x (k 0-7 | 8-15).  A, m contiguous: the same four
-  // matrices addressed by their k rows.  B likewise, as two n8 tiles of one k16 step.
-  const Element* a_lane = Layout::kA ? a + (lane % 8 + (lane / 16) * 8) * lda + ((lane / 8) % 2) * 8
-                                     : a + (lane % 16) * lda + (lane / 16) * 8;
-  const Element* b_lane = Layout::kB ? b + (lane % 8 + ((lane / 8) % 2) * 8) * ldb + (lane / 16) * 8
-                                     : b + (lane % 8 + (lane / 16) * 8) * ldb + ((lane / 8) % 2) * 8;
+  // Lane offsets of the four 8x8 matrices one ldmatrix.x4 fetches (each lane names one row;
+  // that row is lane mod 8, so its chunk swap is a per-lane constant).  A, k contiguous:
+  // (rows 0-7 | 8-15) x (k 0-7 | 8-15).  A, m contiguous: the same four matrices addressed by
+  // their k rows.  B likewise, as two n8 tiles of one k16 step.
+  const int swap = (lane >> 2) & 1;
+  const int a_swap = Layout::kASw ? swap : 0;
+  const int b_swap = Layout::kBSw ? swap : 0;
+  const Element* a_lane =
+      Layout::kA ? a + (lane % 8 + (lane / 16) * 8) * lda + (((lane / 8) % 2) ^ a_swap) * 8
+                 : a + (lane % 16) * lda + ((lane / 16) ^ a_swap) * 8;
+  const Element* b_lane =
+      Layout::kB ? b + (lane % 8 + ((lane / 8) % 2) * 8) * ldb + ((lane / 16) ^ b_swap) * 8
+                 : b + (lane % 8 + (lane / 16) * 8) * ldb + (((lane / 8) % 2) ^ b_swap) * 8;
 #pragma unroll
   for (int ks = 0; ks < kK / 16; ++ks) {
     uint32_t ra[kM / 16][4];
