@@ -9,7 +9,9 @@
 namespace flash_cuda {
 
 // Number of tiles of `tile` rows covering `rows` (64-bit: rows may be near INT_MAX).
-inline unsigned tiles(int64_t rows, int tile) { return static_cast<unsigned>((rows + tile - 1) / tile); }
+inline unsigned tiles(int64_t rows, int tile) {
+  return static_cast<unsigned>((rows + tile - 1) / tile);
+}
 
 // Compute capability major of the current device (the one the caller's stream belongs to).
 inline cudaError_t current_device_major(int& major) {
@@ -19,9 +21,9 @@ inline cudaError_t current_device_major(int& major) {
   return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
 }
 
-template <class Params>
-cudaError_t launch_with_smem(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes,
-                             cudaStream_t stream, const Params& params) {
+template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim3 grid, int threads,
+                                                     int smem_bytes, cudaStream_t stream,
+                                                     const Params& params) {
   // Past 48 KB a kernel must opt in to more dynamic shared memory.
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);

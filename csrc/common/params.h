@@ -45,17 +45,18 @@ struct FwdParams {
   int heads_kv = 0;
   int head_dim = 0;  // the actual one; the kernel's may be larger
   float softmax_scale = 0.f;
-  int window_left = -1;   // -1: unbounded; causal is window_right == 0
+  int window_left = -1;  // -1: unbounded; causal is window_right == 0
   int window_right = -1;
 };
 
 struct BwdParams {
-  FwdParams fwd;      // q, k, v, o, lse and the problem as the forward saw it
+  FwdParams fwd;  // q, k, v, o, lse and the problem as the forward saw it
   TensorRef dout;
-  TensorRef dq_accum;  // float32, same (row, head, dim) layout as q, zeroed by the caller
-  TensorRef dk, dv;    // heads_q heads when heads_q != heads_kv (summed by the caller)
+  TensorRef dq_accum;    // float32, same (row, head, dim) layout as q, zeroed by the caller
+  TensorRef dk, dv;      // heads_q heads when heads_q != heads_kv (summed by the caller)
   RowStatsRef dot_do_o;  // float32 rowsum(dO * O), written by the preprocess kernel
-  int64_t total_rows_q = 0;  // dense: batch * seqlen_q; varlen: total_q (rows the preprocess visits)
+  int64_t total_rows_q =
+      0;  // dense: batch * seqlen_q; varlen: total_q (rows the preprocess visits)
 };
 
 }  // namespace flash_cuda

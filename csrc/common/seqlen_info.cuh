@@ -44,7 +44,10 @@ struct MaskInfo {
   int window_right;
 
   __device__ __forceinline__ MaskInfo(int len_q_, int len_k_, int left, int right)
-      : len_q(len_q_), len_k(len_k_), diag(len_k_ - len_q_), window_left(left),
+      : len_q(len_q_),
+        len_k(len_k_),
+        diag(len_k_ - len_q_),
+        window_left(left),
         window_right(right) {}
 
   __device__ __forceinline__ bool visible(int i, int j) const {

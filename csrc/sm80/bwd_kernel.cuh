@@ -15,8 +15,7 @@
 
 namespace flash_cuda::sm80 {
 
-template <class ElementTag, int kHeadDim_, class Config_>
-struct BwdKernel {
+template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
   using Element = typename DeviceType<ElementTag>::type;
   using Config = Config_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -27,13 +26,13 @@ struct BwdKernel {
   static constexpr int kStagesDo = Config::kStagesDo;
   static constexpr int kThreads = kNWarps * 32;
   // Warp tiles of the three GEMM shapes.
-  static constexpr int kSdpM = kBlockM / Config::kSdpWarpsM;                 // S, dP: queries
-  static constexpr int kSdpN = kBlockN / (kNWarps / Config::kSdpWarpsM);     //        keys
-  static constexpr int kKvN = kBlockN / Config::kKvWarpsN;                   // dK, dV: keys
-  static constexpr int kKvD = kHeadDim / (kNWarps / Config::kKvWarpsN);      //         dims
-  static constexpr int kDqM = kBlockM / Config::kDqWarpsM;                   // dQ: queries
-  static constexpr int kDqD = kHeadDim / (kNWarps / Config::kDqWarpsM);      //     dims
-  static constexpr int kPitch = CopyRows<kHeadDim>::kPitch;  // Q, K, V, dO
+  static constexpr int kSdpM = kBlockM / Config::kSdpWarpsM;              // S, dP: queries
+  static constexpr int kSdpN = kBlockN / (kNWarps / Config::kSdpWarpsM);  //        keys
+  static constexpr int kKvN = kBlockN / Config::kKvWarpsN;                // dK, dV: keys
+  static constexpr int kKvD = kHeadDim / (kNWarps / Config::kKvWarpsN);   //         dims
+  static constexpr int kDqM = kBlockM / Config::kDqWarpsM;                // dQ: queries
+  static constexpr int kDqD = kHeadDim / (kNWarps / Config::kDqWarpsM);   //     dims
+  static constexpr int kPitch = CopyRows<kHeadDim>::kPitch;               // Q, K, V, dO
   static constexpr int kPsPitch = PaddedRows<kBlockN>::kPitch;
   // dQ staging (Config::kStageDq): one float32 (kDqM, kDqChunkD) tile per warp, rows padded by
   // 8 floats so that the 8-byte fragment stores of a half-warp hit 32 distinct banks; read back
@@ -49,8 +48,8 @@ struct BwdKernel {
   static_assert(kSdpM % 16 == 0 && kSdpN % 16 == 0 && kKvN % 16 == 0 && kKvD % 16 == 0 &&
                     kDqM % 16 == 0 && kDqD % 16 == 0,
                 "every warp layout must give whole 16 x 16 warp tiles");
-  static_assert(!kStageDq || (kDqChunkD % 16 == 0 && kDqLanesPerRow <= 32 &&
-                               kDqM % kDqRowsPerPass == 0),
+  static_assert(!kStageDq ||
+                    (kDqChunkD % 16 == 0 && kDqLanesPerRow <= 32 && kDqM % kDqRowsPerPass == 0),
                 "the staged dQ tile must split into whole passes of rows");
 
   struct SharedStorage {
@@ -61,7 +60,7 @@ struct BwdKernel {
     Element p[kBlockM * kPsPitch];              // P  (kBlockM, kBlockN) padded
     Element ds[kBlockM * kPsPitch];             // dS (kBlockM, kBlockN) padded
     // Per query tile, double-buffered by tile parity whatever the Q / dO stages.
-    float lse[2][kBlockM];      // as the forward wrote it; 0 for rows past the used length
+    float lse[2][kBlockM];       // as the forward wrote it; 0 for rows past the used length
     float dot_do_o[2][kBlockM];  // rowsum(dO * O)
     alignas(16) float dq[kStageDq ? kNWarps * kDqM * kDqPitch : 1];  // per-warp dQ staging
   };
@@ -84,7 +83,8 @@ struct BwdKernel {
                                                  t.gq + int64_t(m0) * p.fwd.q.row_stride,
                                                  p.fwd.q.row_stride, len_q - m0, p.fwd.head_dim);
     const int i = threadIdx.x;
-    if (i < kBlockM) cp_async_4(&smem.lse[m % 2][i], t.lse + (m0 + i < len_q ? m0 + i : 0), m0 + i < len_q);
+    if (i < kBlockM)
+      cp_async_4(&smem.lse[m % 2][i], t.lse + (m0 + i < len_q ? m0 + i : 0), m0 + i < len_q);
   }
   static __device__ __forceinline__ void load_do(const BwdParams& p, SharedStorage& smem,
                                                  const Tile& t, int len_q, int m, int stage) {
@@ -93,7 +93,8 @@ struct BwdKernel {
                                                  t.gdo + int64_t(m0) * p.dout.row_stride,
                                                  p.dout.row_stride, len_q - m0, p.fwd.head_dim);
     const int i = threadIdx.x;
-    if (i < kBlockM) cp_async_4(&smem.dot_do_o[m % 2][i], t.dot + (m0 + i < len_q ? m0 + i : 0), m0 + i < len_q);
+    if (i < kBlockM)
+      cp_async_4(&smem.dot_do_o[m % 2][i], t.dot + (m0 + i < len_q ? m0 + i : 0), m0 + i < len_q);
   }
 
   // Masks S outside each row's visible keys; the range is computed once per row.
@@ -120,7 +121,8 @@ struct BwdKernel {
   }
 
   // Writes one warp's m16n8 accumulator tiles to a padded (rows, kBlockN) smem tile as 16 bits.
-  static __device__ __forceinline__ void store_tile(Element* dst, const float (&x)[kSdpM / 16][kSdpN / 8][4],
+  static __device__ __forceinline__ void store_tile(Element* dst,
+                                                    const float (&x)[kSdpM / 16][kSdpN / 8][4],
                                                     int lane) {
 #pragma unroll
     for (int mt = 0; mt < kSdpM / 16; ++mt)
@@ -129,7 +131,8 @@ struct BwdKernel {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           *reinterpret_cast<uint32_t*>(dst + (mt * 16 + lane / 4 + r * 8) * kPsPitch + nt * 8 +
-                                       (lane % 4) * 2) = pack2<Element>(x[mt][nt][2 * r], x[mt][nt][2 * r + 1]);
+                                       (lane % 4) * 2) =
+              pack2<Element>(x[mt][nt][2 * r], x[mt][nt][2 * r + 1]);
         }
   }
 
@@ -143,9 +146,10 @@ struct BwdKernel {
 // P = exp(S * scale - lse) and dS = scale * P * (dP - rowsum(dO*O)) for query tile m, stored to
 // smem.  Scaling dS here serves both dQ and dK and saves a multiply per dQ element.
 template <class ElementTag, int kHeadDim, class Config>
-__device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams& p, SharedStorage& smem,
-                                                       const MaskInfo& mask, int m, int n0,
-                                                       int q_stage, int do_stage) {
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams& p,
+                                                                SharedStorage& smem,
+                                                                const MaskInfo& mask, int m, int n0,
+                                                                int q_stage, int do_stage) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wm = (warp % Config::kSdpWarpsM) * kSdpM;  // warp tile origin in the block tile
@@ -186,7 +190,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
 #pragma unroll
       for (int nt = 0; nt < kSdpN / 8; ++nt) {
         dp[mt][nt][2 * r] = s[mt][nt][2 * r] * fmaf(dp[mt][nt][2 * r], scale, -dot_scaled);
-        dp[mt][nt][2 * r + 1] = s[mt][nt][2 * r + 1] * fmaf(dp[mt][nt][2 * r + 1], scale, -dot_scaled);
+        dp[mt][nt][2 * r + 1] =
+            s[mt][nt][2 * r + 1] * fmaf(dp[mt][nt][2 * r + 1], scale, -dot_scaled);
       }
     }
   store_tile(smem.ds + wm * kPsPitch + wn, dp, lane);
@@ -194,8 +199,9 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
 
 // dQ[tile m] += dS K (dS carries the softmax scale), added to the float32 buffer.
 template <class ElementTag, int kHeadDim, class Config>
-__device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams& p, SharedStorage& smem,
-                                                       const Tile& t, int len_q, int m) {
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams& p,
+                                                                SharedStorage& smem, const Tile& t,
+                                                                int len_q, int m) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wm = (warp % Config::kDqWarpsM) * kDqM;
@@ -224,7 +230,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
 #pragma unroll
           for (int dt = 0; dt < kDqChunkD / 8; ++dt) {
             *reinterpret_cast<float2*>(sdq + (mt * 16 + lane / 4 + r * 8) * kDqPitch + dt * 8 +
-                                       (lane % 4) * 2) = make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
+                                       (lane % 4) * 2) =
+                make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
           }
       __syncwarp();
       if (active) {
@@ -234,7 +241,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
 #pragma unroll
         for (int i = 0; i < kDqM / kDqRowsPerPass; ++i) {
           if (whole_tile || (col_ok && row0 + i * kDqRowsPerPass < len_q)) {
-            red_add_f32x4(dst, *reinterpret_cast<const float4*>(sdq + (row + i * kDqRowsPerPass) * kDqPitch + col));
+            red_add_f32x4(dst, *reinterpret_cast<const float4*>(
+                                   sdq + (row + i * kDqRowsPerPass) * kDqPitch + col));
           }
           dst += step;
         }
@@ -245,8 +253,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
   }
   float dq[kDqM / 16][kDqD / 8][4];
   zero(dq);
-  warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true, false, true>>(dq, smem.ds + wm * kPsPitch, kPsPitch,
-                                                            smem.k + wd, kPitch, lane);
+  warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true, false, true>>(
+      dq, smem.ds + wm * kPsPitch, kPsPitch, smem.k + wd, kPitch, lane);
   const int row0 = m * kBlockM + wm + lane / 4;  // this thread's first row; then every 8th
   const int col0 = wd + (lane % 4) * 2;
   const int64_t stride8 = 8 * p.dq_accum.row_stride;
@@ -284,7 +292,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams&
 }
 
 template <class ElementTag, int kHeadDim, class Config>
-__device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p, SharedStorage& smem) {
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
+                                                             SharedStorage& smem) {
   const FwdParams& f = p.fwd;
   Tile t;
   const int head = blockIdx.y;
@@ -299,17 +308,17 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
   mask.query_block_range(t.n0, kBlockN, kBlockM, m_begin, m_end);
 
   const int64_t q_row0 = sq.offset, k_row0 = int64_t(sk.offset) + t.n0;
-  t.gq = static_cast<const Element*>(f.q.ptr) + batch * f.q.batch_stride +
-         q_row0 * f.q.row_stride + head * f.q.head_stride;
+  t.gq = static_cast<const Element*>(f.q.ptr) + batch * f.q.batch_stride + q_row0 * f.q.row_stride +
+         head * f.q.head_stride;
   t.gdo = static_cast<const Element*>(p.dout.ptr) + batch * p.dout.batch_stride +
           q_row0 * p.dout.row_stride + head * p.dout.head_stride;
-  t.gk = static_cast<const Element*>(f.k.ptr) + batch * f.k.batch_stride +
-         k_row0 * f.k.row_stride + head_kv * f.k.head_stride;
-  t.gv = static_cast<const Element*>(f.v.ptr) + batch * f.v.batch_stride +
-         k_row0 * f.v.row_stride + head_kv * f.v.head_stride;
+  t.gk = static_cast<const Element*>(f.k.ptr) + batch * f.k.batch_stride + k_row0 * f.k.row_stride +
+         head_kv * f.k.head_stride;
+  t.gv = static_cast<const Element*>(f.v.ptr) + batch * f.v.batch_stride + k_row0 * f.v.row_stride +
+         head_kv * f.v.head_stride;
   t.lse = f.lse.ptr + batch * f.lse.batch_stride + head * f.lse.head_stride + sq.offset;
-  t.dot = p.dot_do_o.ptr + batch * p.dot_do_o.batch_stride + head * p.dot_do_o.head_stride +
-          sq.offset;
+  t.dot =
+      p.dot_do_o.ptr + batch * p.dot_do_o.batch_stride + head * p.dot_do_o.head_stride + sq.offset;
   t.gdq = static_cast<float*>(p.dq_accum.ptr) + batch * p.dq_accum.batch_stride +
           q_row0 * p.dq_accum.row_stride + head * p.dq_accum.head_stride;
 
@@ -385,8 +394,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
       }
 }
 
-template <class Kernel>
-__global__ void __launch_bounds__(Kernel::kThreads) bwd_kernel(const __grid_constant__ BwdParams params) {
+template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
+    bwd_kernel(const __grid_constant__ BwdParams params) {
 #if defined(__CUDA_ARCH__)
   // A config's body is compiled only for the archs its launcher picks it on; elsewhere (never
   // launched) it stays empty, which keeps the compile time of two configs that of one.

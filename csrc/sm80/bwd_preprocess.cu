@@ -11,8 +11,8 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-template <class Element>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) dot_do_o_kernel(const __grid_constant__ BwdParams p) {
+template <class Element> __global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    dot_do_o_kernel(const __grid_constant__ BwdParams p) {
   const FwdParams& f = p.fwd;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int head = blockIdx.y;
@@ -24,9 +24,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) dot_do_o_kernel(const __g
   float acc = 0.f;
   const int col = lane * 8;
   if (col < f.head_dim) {
-    const uint4 o = *reinterpret_cast<const uint4*>(
-        static_cast<const Element*>(f.o.ptr) + batch * f.o.batch_stride + i * f.o.row_stride +
-        head * f.o.head_stride + col);
+    const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const Element*>(f.o.ptr) +
+                                                    batch * f.o.batch_stride + i * f.o.row_stride +
+                                                    head * f.o.head_stride + col);
     const uint4 d = *reinterpret_cast<const uint4*>(
         static_cast<const Element*>(p.dout.ptr) + batch * p.dout.batch_stride +
         i * p.dout.row_stride + head * p.dout.head_stride + col);

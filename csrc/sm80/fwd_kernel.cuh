@@ -13,8 +13,7 @@
 
 namespace flash_cuda::sm80 {
 
-template <class ElementTag, int kHeadDim_>
-struct FwdKernel {
+template <class ElementTag, int kHeadDim_> struct FwdKernel {
   using Element = typename DeviceType<ElementTag>::type;
   using Config = FwdTileConfig<kHeadDim_>;
   static constexpr int kHeadDim = kHeadDim_;
@@ -46,9 +45,8 @@ struct FwdKernel {
   };
 
   // s[mt][nt] += Q[warp rows] . K^T for one key tile (fp32 accumulators, m16n8 layout).
-  static __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4],
-                                                 const Element* sq, const Element* sk,
-                                                 int warp_row0, int lane) {
+  static __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const Element* sq,
+                                                 const Element* sk, int warp_row0, int lane) {
     const int swap = CopyRows<kHeadDim>::lane_chunk_swap(lane);  // every row here is lane mod 8
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
@@ -84,8 +82,8 @@ struct FwdKernel {
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         // V is (key, dim) in smem; .trans hands each thread the key pair the B operand needs.
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kPitch +
-                                 dp * 16 + ((lane / 16) ^ swap) * 8);
+        ldmatrix_x4_trans(b, sv + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kPitch + dp * 16 +
+                                 ((lane / 16) ^ swap) * 8);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<Element>(o[mt][2 * dp], p[mt][kk], b[0], b[1]);
@@ -139,8 +137,8 @@ struct FwdKernel {
   // Rescaling O costs kDTiles * 4 multiplies per row; once the running max has settled (most
   // key tiles of a long row) no row of the warp changes it and the warp skips the rescale.
   static __device__ __forceinline__ void softmax_step(float (&s)[kMTiles][kNTiles][4],
-                                                      float (&o)[kMTiles][kDTiles][4],
-                                                      RowState& st, float scale_log2) {
+                                                      float (&o)[kMTiles][kDTiles][4], RowState& st,
+                                                      float scale_log2) {
     float correction[kMTiles][2];
     bool any_change = false;
 #pragma unroll
@@ -221,7 +219,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    for (int dt = 0; dt < kDTiles; ++dt)
+      o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
     st.max[mt][0] = st.max[mt][1] = -INFINITY;
     st.sum[mt][0] = st.sum[mt][1] = 0.f;
   }
@@ -234,8 +233,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
     // Key tiles run last to first so the first one visited is the partially masked diagonal.
     int n = n_end - 1;
     load_tile_async<kBlockN, kHeadDim, kThreads>(smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride,
-                                                 p.k.row_stride, sk.len - n * kBlockN,
-                                                 p.head_dim);
+                                                 p.k.row_stride, sk.len - n * kBlockN, p.head_dim);
     cp_async_commit();
     for (; n >= n_begin; --n) {
       const int n0 = n * kBlockN;
@@ -250,7 +248,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        for (int nt = 0; nt < kNTiles; ++nt)
+          s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
       gemm_qk(s, smem.q, smem.k, warp_row0, lane);
       if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
         apply_mask(s, mask, m0 + warp_row0, n0, lane);
@@ -300,7 +299,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, Sh
       }
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        *reinterpret_cast<uint32_t*>(so + CopyRows<kHeadDim>::offset(row, dt * 8 + (lane % 4) * 2)) =
+        *reinterpret_cast<uint32_t*>(so +
+                                     CopyRows<kHeadDim>::offset(row, dt * 8 + (lane % 4) * 2)) =
             pack2<Element>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       }
     }
@@ -318,8 +318,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, Sh
   }
 }
 
-template <class Kernel>
-__global__ void __launch_bounds__(Kernel::kThreads) fwd_kernel(const __grid_constant__ FwdParams params) {
+template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
+    fwd_kernel(const __grid_constant__ FwdParams params) {
   extern __shared__ __align__(16) char smem_buf[];
   Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
 }

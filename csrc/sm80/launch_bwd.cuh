@@ -10,12 +10,11 @@
 
 namespace flash_cuda::sm80 {
 
-template <class Kernel>
-cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
+template <class Kernel> cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const dim3 grid(tiles(params.fwd.seq_k.seqlen, Kernel::kBlockN), params.fwd.heads_q,
                   params.fwd.batch);
-  return launch_with_smem(&bwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes,
-                          stream, params);
+  return launch_with_smem(&bwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
+                          params);
 }
 
 // Picks the tile table by the device's compute capability (see BwdTileConfigSm90); the choice
@@ -27,7 +26,8 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   using Sm90 = BwdTileConfigSm90<kHeadDim>;
   using Sm80 = BwdTileConfig<kHeadDim>;
-  if (major * 10 >= Sm90::kMinArch) return launch_bwd<BwdKernel<ElementTag, kHeadDim, Sm90>>(params, stream);
+  if (major * 10 >= Sm90::kMinArch)
+    return launch_bwd<BwdKernel<ElementTag, kHeadDim, Sm90>>(params, stream);
   return launch_bwd<BwdKernel<ElementTag, kHeadDim, Sm80>>(params, stream);
 }
 

@@ -14,8 +14,8 @@ template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   using Kernel = FwdKernel<ElementTag, kHeadDim>;
   const dim3 grid(tiles(params.seq_q.seqlen, Kernel::kBlockM), params.heads_q, params.batch);
-  return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes,
-                          stream, params);
+  return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
+                          params);
 }
 
 }  // namespace flash_cuda::sm80

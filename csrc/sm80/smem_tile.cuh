@@ -10,8 +10,7 @@
 
 namespace flash_cuda::sm80 {
 
-template <int kCols>
-struct PaddedRows {
+template <int kCols> struct PaddedRows {
   static constexpr int kPitch = kCols + 8;  // elements; +8 x 2 bytes = one 16-byte bank group
 };
 
@@ -22,8 +21,7 @@ struct PaddedRows {
 // swap the two 16-byte chunks of every granule.  The swap stays inside a granule, keeps every
 // offset additive for the ldmatrix lanes (whose rows are lane mod 8, see lane_chunk_swap), and
 // moves rows 4-7 of a matrix by one bank group.
-template <int kCols>
-struct CopyRows {
+template <int kCols> struct CopyRows {
   static constexpr int kPitch = kCols + 16;
   static_assert(kCols % 16 == 0, "rows are whole 32-byte granules");
   // Element offset of (row, col).
@@ -35,8 +33,8 @@ struct CopyRows {
 };
 
 // Asynchronously copies a kRows x kCols tile (row 0 at `gmem`, rows `row_stride` apart) into
-// `smem` (CopyRows layout) with 16-byte cp.async.  Rows >= rows_valid and columns >= cols_valid are zero-filled,
-// which is what the MMAs need for ragged sequence ends and rounded-up head dims.
+// `smem` (CopyRows layout) with 16-byte cp.async.  Rows >= rows_valid and columns >= cols_valid are
+// zero-filled, which is what the MMAs need for ragged sequence ends and rounded-up head dims.
 template <int kRows, int kCols, int kThreads, class Element>
 __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gmem,
                                                 int64_t row_stride, int rows_valid,
@@ -57,8 +55,8 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
     for (int i = 0; i < kChunks / kThreads; ++i) {
       const bool valid = col_valid && row0 + i * kRowsPerPass < rows_valid;
       // An invalid chunk reads nothing; its source address is kept in bounds anyway.
-      cp_async_16(smem + CopyRows<kCols>::offset(row0 + i * kRowsPerPass, col),
-                  valid ? src : gmem, valid);
+      cp_async_16(smem + CopyRows<kCols>::offset(row0 + i * kRowsPerPass, col), valid ? src : gmem,
+                  valid);
       src += step;
     }
   } else {
