@@ -13,14 +13,6 @@ inline unsigned tiles(int64_t rows, int tile) {
   return static_cast<unsigned>((rows + tile - 1) / tile);
 }
 
-// Compute capability major of the current device (the one the caller's stream belongs to).
-inline cudaError_t current_device_major(int& major) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-}
-
 template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim3 grid, int threads,
                                                      int smem_bytes, cudaStream_t stream,
                                                      const Params& params) {

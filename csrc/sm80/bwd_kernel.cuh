@@ -397,12 +397,15 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
 template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
     bwd_kernel(const __grid_constant__ BwdParams params) {
 #if defined(__CUDA_ARCH__)
-  // A config's body is compiled only for the archs its launcher picks it on; elsewhere (never
-  // launched) it stays empty, which keeps the compile time of two configs that of one.
+  // A config's body is compiled only for the archs its launcher picks it on (run_bwd), which
+  // keeps the compile time of two configs that of one.  Elsewhere it must never run: trap
+  // rather than return zeros.
   if constexpr (Kernel::Config::kMinArch * 10 <= __CUDA_ARCH__ &&
                 __CUDA_ARCH__ < Kernel::Config::kEndArch * 10) {
     extern __shared__ __align__(16) char smem_buf[];
     Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+  } else {
+    __trap();
   }
 #endif
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/params.h"
 #include "common/ptx.cuh"
@@ -25,18 +26,22 @@ template <class ElementTag, int kHeadDim_> struct FwdKernel {
   static constexpr int kMTiles = kWarpRows / 16;  // m16 MMA tiles per warp
   static constexpr int kNTiles = kBlockN / 8;     // n8 tiles of S per warp
   static constexpr int kDTiles = kHeadDim / 8;    // n8 tiles of O per warp
-  static constexpr int kPitch = CopyRows<kHeadDim>::kPitch;
+  using Rows = std::conditional_t<Config::kCopyRows, CopyRows<kHeadDim>, PaddedRows<kHeadDim>>;
+  static constexpr int kPitch = Rows::kPitch;
   static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "MMA k-steps are 16 wide");
 
   // O is staged through q's buffer in the epilogue (each warp rewrites only its own rows).
   struct SharedStorage {
-    Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) CopyRows
-    Element k[kBlockN * kPitch];  // (kBlockN, kHeadDim) CopyRows
-    Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) CopyRows
+    Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) Rows
+    Element k[kBlockN * kPitch];  // (kBlockN, kHeadDim) Rows
+    Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) Rows
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytesSm80, "the tile config must fit an sm80 block");
+  // The README promises the forward on sm86/sm89 for every head dim but 161-192.
+  static_assert(kHeadDim == 192 || kSmemBytes <= kMaxSmemBytesSm86,
+                "the tile config must fit the 99 KB of an sm86/sm89 block");
 
   // Per-thread state of the online softmax for its 2 * kMTiles rows.
   struct RowState {
@@ -47,7 +52,7 @@ template <class ElementTag, int kHeadDim_> struct FwdKernel {
   // s[mt][nt] += Q[warp rows] . K^T for one key tile (fp32 accumulators, m16n8 layout).
   static __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const Element* sq,
                                                  const Element* sk, int warp_row0, int lane) {
-    const int swap = CopyRows<kHeadDim>::lane_chunk_swap(lane);  // every row here is lane mod 8
+    const int swap = Rows::lane_chunk_swap(lane);  // every row here is lane mod 8
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t a[kMTiles][4];
@@ -75,7 +80,7 @@ template <class ElementTag, int kHeadDim_> struct FwdKernel {
   static __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4],
                                                  const uint32_t (&p)[kMTiles][kBlockN / 16][4],
                                                  const Element* sv, int lane) {
-    const int swap = CopyRows<kHeadDim>::lane_chunk_swap(lane);  // every row here is lane mod 8
+    const int swap = Rows::lane_chunk_swap(lane);  // every row here is lane mod 8
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
@@ -228,20 +233,21 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
   // Rows past the used length are zero-filled, not loaded: their scores are masked, but a NaN
   // there (an unwritten KV cache slot, say) would survive the 0 * NaN of the MMAs.
   if (n_begin < n_end) {
-    load_tile_async<kBlockM, kHeadDim, kThreads>(smem.q, gq, p.q.row_stride, sq.len - m0,
-                                                 p.head_dim);
+    load_tile_async<kBlockM, kHeadDim, kThreads, Rows>(smem.q, gq, p.q.row_stride, sq.len - m0,
+                                                       p.head_dim);
     // Key tiles run last to first so the first one visited is the partially masked diagonal.
     int n = n_end - 1;
-    load_tile_async<kBlockN, kHeadDim, kThreads>(smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride,
-                                                 p.k.row_stride, sk.len - n * kBlockN, p.head_dim);
+    load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
+        smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride, p.k.row_stride, sk.len - n * kBlockN,
+        p.head_dim);
     cp_async_commit();
     for (; n >= n_begin; --n) {
       const int n0 = n * kBlockN;
       // K[n] (and Q) landed; every warp is done with V[n+1], so V[n] may overwrite it.
       cp_async_wait<0>();
       __syncthreads();
-      load_tile_async<kBlockN, kHeadDim, kThreads>(smem.v, gv + int64_t(n0) * p.v.row_stride,
-                                                   p.v.row_stride, sk.len - n0, p.head_dim);
+      load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(smem.v, gv + int64_t(n0) * p.v.row_stride,
+                                                         p.v.row_stride, sk.len - n0, p.head_dim);
       cp_async_commit();
 
       float s[kMTiles][kNTiles][4];
@@ -262,7 +268,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
       cp_async_wait<0>();
       __syncthreads();
       if (n > n_begin) {
-        load_tile_async<kBlockN, kHeadDim, kThreads>(
+        load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
             smem.k, gk + int64_t(n0 - kBlockN) * p.k.row_stride, p.k.row_stride,
             sk.len - (n0 - kBlockN), p.head_dim);
         cp_async_commit();
@@ -299,8 +305,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, Sh
       }
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        *reinterpret_cast<uint32_t*>(so +
-                                     CopyRows<kHeadDim>::offset(row, dt * 8 + (lane % 4) * 2)) =
+        *reinterpret_cast<uint32_t*>(so + Rows::offset(row, dt * 8 + (lane % 4) * 2)) =
             pack2<Element>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       }
     }
@@ -313,7 +318,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, Sh
     const int col = (chunk % kChunksPerRow) * 8;
     if (m0 + row < sq.extent && col < p.head_dim) {
       *reinterpret_cast<uint4*>(go + row * p.o.row_stride + col) =
-          *reinterpret_cast<const uint4*>(so + CopyRows<kHeadDim>::offset(row, col));
+          *reinterpret_cast<const uint4*>(so + Rows::offset(row, col));
     }
   }
 }

@@ -17,18 +17,18 @@ template <class Kernel> cudaError_t launch_bwd(const BwdParams& params, cudaStre
                           params);
 }
 
-// Picks the tile table by the device's compute capability (see BwdTileConfigSm90); the choice
-// must match the arch range each config's kernel body is compiled for.
+// Picks the tile table by the code the device runs, not by the device: a build for sm80 only
+// runs on an sm90 GPU through its compute_80 PTX, where the sm90 table's body is empty.  The
+// PTX version of the sm90 kernel's loaded image is the __CUDA_ARCH__ it was compiled for.
 template <class ElementTag, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
-  int major = 0;
-  const cudaError_t err = current_device_major(major);
+  using Sm90 = BwdKernel<ElementTag, kHeadDim, BwdTileConfigSm90<kHeadDim>>;
+  using Sm80 = BwdKernel<ElementTag, kHeadDim, BwdTileConfig<kHeadDim>>;
+  cudaFuncAttributes attr;
+  const cudaError_t err = cudaFuncGetAttributes(&attr, bwd_kernel<Sm90>);
   if (err != cudaSuccess) return err;
-  using Sm90 = BwdTileConfigSm90<kHeadDim>;
-  using Sm80 = BwdTileConfig<kHeadDim>;
-  if (major * 10 >= Sm90::kMinArch)
-    return launch_bwd<BwdKernel<ElementTag, kHeadDim, Sm90>>(params, stream);
-  return launch_bwd<BwdKernel<ElementTag, kHeadDim, Sm80>>(params, stream);
+  if (attr.ptxVersion >= Sm90::Config::kMinArch) return launch_bwd<Sm90>(params, stream);
+  return launch_bwd<Sm80>(params, stream);
 }
 
 }  // namespace flash_cuda::sm80

@@ -1,6 +1,8 @@
-// Shared-memory tiles of the portable kernels.  Two row layouts, both conflict-free for the
-// eight row addresses of one ldmatrix without a power-of-2 row length:
-// - PaddedRows: rows padded by 16 bytes (tiles written from registers: P, dS);
+// Shared-memory tiles of the portable kernels.  Two row layouts with one interface (kPitch,
+// offset, lane_chunk_swap), both conflict-free for the eight row addresses of one ldmatrix
+// without a power-of-2 row length:
+// - PaddedRows: rows padded by 16 bytes (tiles written from registers: P, dS; and the forward's
+//   tiles where the 16 extra bytes per row of CopyRows would not fit sm86/sm89's 99 KB);
 // - CopyRows: tiles filled by cp.async from global memory (Q, K, V, dO).
 #pragma once
 
@@ -12,6 +14,8 @@ namespace flash_cuda::sm80 {
 
 template <int kCols> struct PaddedRows {
   static constexpr int kPitch = kCols + 8;  // elements; +8 x 2 bytes = one 16-byte bank group
+  static __device__ __forceinline__ int offset(int row, int col) { return row * kPitch + col; }
+  static __device__ __forceinline__ int lane_chunk_swap(int) { return 0; }
 };
 
 // Rows padded to a multiple of 32 bytes, so that each 32-byte global sector a cp.async reads
@@ -33,9 +37,10 @@ template <int kCols> struct CopyRows {
 };
 
 // Asynchronously copies a kRows x kCols tile (row 0 at `gmem`, rows `row_stride` apart) into
-// `smem` (CopyRows layout) with 16-byte cp.async.  Rows >= rows_valid and columns >= cols_valid are
-// zero-filled, which is what the MMAs need for ragged sequence ends and rounded-up head dims.
-template <int kRows, int kCols, int kThreads, class Element>
+// `smem` (row layout Rows, CopyRows unless said otherwise) with 16-byte cp.async.  Rows >=
+// rows_valid and columns >= cols_valid are zero-filled, which is what the MMAs need for ragged
+// sequence ends and rounded-up head dims.
+template <int kRows, int kCols, int kThreads, class Rows = CopyRows<kCols>, class Element>
 __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gmem,
                                                 int64_t row_stride, int rows_valid,
                                                 int cols_valid) {
@@ -55,8 +60,7 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
     for (int i = 0; i < kChunks / kThreads; ++i) {
       const bool valid = col_valid && row0 + i * kRowsPerPass < rows_valid;
       // An invalid chunk reads nothing; its source address is kept in bounds anyway.
-      cp_async_16(smem + CopyRows<kCols>::offset(row0 + i * kRowsPerPass, col), valid ? src : gmem,
-                  valid);
+      cp_async_16(smem + Rows::offset(row0 + i * kRowsPerPass, col), valid ? src : gmem, valid);
       src += step;
     }
   } else {
@@ -68,7 +72,7 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
       const int col = (chunk % kChunksPerRow) * 8;
       const bool valid = row < rows_valid && col < cols_valid;
       const Element* src = valid ? gmem + row * row_stride + col : gmem;
-      cp_async_16(smem + CopyRows<kCols>::offset(row, col), src, valid);
+      cp_async_16(smem + Rows::offset(row, col), src, valid);
     }
   }
 }

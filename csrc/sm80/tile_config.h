@@ -5,29 +5,38 @@
 
 namespace flash_cuda::sm80 {
 
-// The most dynamic shared memory one block may opt in to on sm80 (A100); sm86/89 allow less
-// (99 KB) and get a clear launch error for the larger entries.  sm90 and later allow 227 KB.
+// The most dynamic shared memory one block may opt in to: sm80 (A100) 163 KB; sm86/sm89 99 KB,
+// where every backward entry and the forward at head dims 161-192 fail with a clear launch
+// error; sm90 and sm100 227 KB (sm120 has 99 KB again).
 constexpr int kMaxSmemBytesSm80 = 163 * 1024;
+constexpr int kMaxSmemBytesSm86 = 99 * 1024;
 constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 
 // Forward: kBlockM query rows per block, kBlockN keys per step, each warp owns kBlockM/kNWarps
 // rows.  The binding resource is registers: a thread holds (rows per warp) x (kHeadDim + kBlockN)
-// / 32 fp32 accumulators for O and S.
+// / 32 fp32 accumulators for O and S.  kCopyRows: the tiles use the CopyRows layout (+1-5%,
+// entry 15 of benchmarks/NOTES.md) rather than 16-byte padding.
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
+  static constexpr bool kCopyRows = true;
 };
 template <> struct FwdTileConfig<96> {  // O 96 + S 64 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
+  static constexpr bool kCopyRows = true;
 };
 template <> struct FwdTileConfig<128> {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
+  static constexpr bool kCopyRows = true;
 };
 template <> struct FwdTileConfig<192> {  // 16 rows per warp: O 96 + S 32 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
+  static constexpr bool kCopyRows = true;
 };
 template <> struct FwdTileConfig<256> {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
+  // Padded rows: 99 KB exactly, which sm86/sm89 allow; CopyRows would need 102 KB.
+  static constexpr bool kCopyRows = false;
 };
 
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
