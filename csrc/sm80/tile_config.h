@@ -48,42 +48,32 @@ template <> struct FwdTileConfig<256> {  // 16 rows/warp, 2 blocks/SM; 8 warps x
 // are double-buffered where shared memory allows (kStagesQ, kStagesDo).
 //
 // Each table serves the compute capabilities [kMinArch, kEndArch); the launcher picks by the
-// device's and the kernel body is compiled only there.
+// code the GPU runs and the kernel body is compiled only there.
+struct BwdTableSm80 {  // what every entry of the sm80 table shares
+  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
+  static constexpr bool kStageDq = false;  // dQ reductions straight from the accumulators
+  static constexpr int kDqChunks = 1;
+};
 template <int kHeadDim> struct BwdTileConfig;
-template <> struct BwdTileConfig<64> {  // dK+dV 64 regs, S+dP 128; smem 150 KB: one Q stage
+template <> struct BwdTileConfig<64> : BwdTableSm80 {  // dK+dV 64, S+dP 128 regs; 150 KB; 1 Q stage
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
-  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
-  static constexpr bool kStageDq = false;
-  static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<96> {  // dK+dV 96 regs, S+dP 64; smem 147 KB
+template <> struct BwdTileConfig<96> : BwdTableSm80 {  // dK+dV 96 regs, S+dP 64; smem 147 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 2;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
-  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
-  static constexpr bool kStageDq = false;
-  static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<128> {  // dK+dV 128 regs, S+dP 64; smem 161 KB
+template <> struct BwdTileConfig<128> : BwdTableSm80 {  // dK+dV 128 regs, S+dP 64; smem 161 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 2;
-  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
-  static constexpr bool kStageDq = false;
-  static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<192> {  // dK+dV 96 regs, S+dP 32; smem 149 KB
+template <> struct BwdTileConfig<192> : BwdTableSm80 {  // dK+dV 96 regs, S+dP 32; smem 149 KB
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
-  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
-  static constexpr bool kStageDq = false;
-  static constexpr int kDqChunks = 1;
 };
-template <> struct BwdTileConfig<256> {  // dK+dV 128 regs, S+dP 32; smem 155 KB: one stage
+template <> struct BwdTileConfig<256> : BwdTableSm80 {  // dK+dV 128, S+dP 32 regs; 155 KB; 1 stage
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
-  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
-  static constexpr bool kStageDq = false;
-  static constexpr int kDqChunks = 1;
 };
 
 // sm90 and later: the same tiles, with the 227 KB spent on (1) a per-warp float32 staging tile
