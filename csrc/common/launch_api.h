@@ -17,7 +17,8 @@ template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 template <class ElementTag, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
-// rowsum(dO * O) for every row, written to params.dot_do_o; dtype chosen at run time.
+// rowsum(dO * O) for every row, written to params.dot_do_o, and the dQ accumulator zeroed;
+// dtype chosen at run time.
 cudaError_t run_bwd_preprocess(const BwdParams& params, DType dtype, cudaStream_t stream);
 }  // namespace sm80
 

@@ -90,6 +90,9 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
   return __half22float2(*reinterpret_cast<__half2*>(&v));
 }
 
+// *dst += a in global memory, fire-and-forget (the unused result makes it a reduction).
+__device__ __forceinline__ void red_add_f32(float* dst, float a) { atomicAdd(dst, a); }
+
 // dst[0] += a, dst[1] += b in global memory, fire-and-forget.  sm_90 has a two-wide reduction;
 // dst must be 8-byte aligned.
 __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {

@@ -260,10 +260,19 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   auto make = [&](at::IntArrayRef sizes, at::TensorOptions opts) {
     return varlen ? at::zeros(sizes, opts) : at::empty(sizes, opts);
   };
+  Tensor dq = make(q.sizes(), q.options());
   Tensor dk_expanded = make(expanded_sizes, k.options());
   Tensor dv_expanded = make(expanded_sizes, v.options());
-  Tensor dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
   Tensor dot = new_stats(q, varlen, f.batch, 0.f);
+  // The float32 dQ accumulator, in whole tiles per sequence (kDqAccumRowAlign in params.h); the
+  // preprocess kernel zeroes it.
+  const int64_t acc_d = kernel.head_dim;
+  const int64_t align = kDqAccumRowAlign;
+  const int64_t acc_rows = varlen ? q.size(0) + f.batch * align
+                                  : (q.size(1) + align - 1) / align * align;
+  const int64_t acc_batches = varlen ? 1 : f.batch;
+  Tensor dq_accum = at::empty({acc_batches * heads_q * acc_rows * acc_d},
+                              q.options().dtype(at::kFloat));
 
   f.q = ref(q, varlen);
   f.k = ref(k, varlen);
@@ -273,7 +282,12 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   BwdParams p;
   p.fwd = f;
   p.dout = ref(dout, varlen);
-  p.dq_accum = ref(dq_accum, varlen);
+  p.dq = ref(dq, varlen);
+  p.dq_accum.ptr = dq_accum.data_ptr();
+  p.dq_accum.batch_stride = varlen ? 0 : heads_q * acc_rows * acc_d;
+  p.dq_accum.head_stride = acc_rows * acc_d;
+  p.dq_accum.row_stride = acc_d;
+  p.dq_accum_floats = dq_accum.numel();
   p.dk = ref(dk_expanded, varlen);
   p.dv = ref(dv_expanded, varlen);
   p.dot_do_o = stats_ref(dot, varlen);
@@ -282,7 +296,6 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   C10_CUDA_CHECK(sm80::run_bwd_preprocess(p, dtype, stream));
   check_launch(kernel.bwd(p, stream), "backward", kernel.head_dim);
 
-  Tensor dq = dq_accum.to(q.scalar_type());  // the kernel adds dQ already scaled
   return {dq, sum_over_group(dk_expanded, k.size(-2)), sum_over_group(dv_expanded, k.size(-2))};
 }
 

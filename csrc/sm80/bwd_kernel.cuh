@@ -1,7 +1,8 @@
 // Portable attention backward: one block per (key tile, head, batch element).  It keeps its K
 // and V tile in shared memory, walks the query tiles that see them, recomputes P from the saved
 // lse, accumulates dK and dV in registers and adds its share of dQ to a float32 buffer with
-// atomics.  The softmax scale is folded into dS, so dK and dQ come out scaled.
+// atomics; a second kernel converts that buffer to dQ.  The softmax scale is folded into dS, so
+// dK and dQ come out scaled.
 #pragma once
 
 #include <cmath>
@@ -34,23 +35,19 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
   static constexpr int kDqD = kHeadDim / (kNWarps / Config::kDqWarpsM);   //     dims
   static constexpr int kPitch = CopyRows<kHeadDim>::kPitch;               // Q, K, V, dO
   static constexpr int kPsPitch = PaddedRows<kBlockN>::kPitch;
-  // dQ staging (Config::kStageDq): one float32 (kDqM, kDqChunkD) tile per warp, rows padded by
-  // 8 floats so that the 8-byte fragment stores of a half-warp hit 32 distinct banks; read back
-  // as 16-byte vectors, kDqLanesPerRow lanes per row.
-  static constexpr bool kStageDq = Config::kStageDq;
+  // dQ: each warp computes its (kDqM, kDqD) tile in kDqChunks column chunks (fewer live
+  // registers) and adds it to the float32 accumulator kDqVec values per lane and instruction.
   static constexpr int kDqChunks = Config::kDqChunks;
   static constexpr int kDqChunkD = kDqD / kDqChunks;
-  static constexpr int kDqPitch = kDqChunkD + 8;
-  static constexpr int kDqLanesPerRow = kDqChunkD / 4;
-  static constexpr int kDqRowsPerPass = 32 / kDqLanesPerRow;
+  static constexpr int kDqVec = Config::kDqVec;
   static_assert(kStagesQ >= 1 && kStagesQ <= 2 && kStagesDo >= 1 && kStagesDo <= 2,
                 "Q and dO are single- or double-buffered");
   static_assert(kSdpM % 16 == 0 && kSdpN % 16 == 0 && kKvN % 16 == 0 && kKvD % 16 == 0 &&
                     kDqM % 16 == 0 && kDqD % 16 == 0,
                 "every warp layout must give whole 16 x 16 warp tiles");
-  static_assert(!kStageDq ||
-                    (kDqChunkD % 16 == 0 && kDqLanesPerRow <= 32 && kDqM % kDqRowsPerPass == 0),
-                "the staged dQ tile must split into whole passes of rows");
+  static_assert(kDqChunkD % 16 == 0, "dQ column chunks are whole n16 steps");
+  static_assert(kDqVec == 1 || kDqVec == 4, "dQ reductions are scalar or 16-byte vectors");
+  static_assert(kDqAccumRowAlign % kBlockM == 0, "dQ accumulator tiles must not straddle rows");
 
   struct SharedStorage {
     Element k[kBlockN * kPitch];                // (kBlockN, kHeadDim) CopyRows
@@ -62,7 +59,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
     // Per query tile, double-buffered by tile parity whatever the Q / dO stages.
     float lse[2][kBlockM];       // as the forward wrote it; 0 for rows past the used length
     float dot_do_o[2][kBlockM];  // rowsum(dO * O)
-    alignas(16) float dq[kStageDq ? kNWarps * kDqM * kDqPitch : 1];  // per-warp dQ staging
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
@@ -70,9 +66,32 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
   struct Tile {  // where this block's operands live
     const Element *gq, *gdo, *gk, *gv;
     const float *lse, *dot;
-    float* gdq;
+    float* gdq;  // the sequence's first dQ accumulator tile
     int n0;
   };
+
+  // The float32 dQ accumulator holds each query tile's kBlockM x kHeadDim partial sums in the
+  // order the dQ GEMM produces them, so that every reduction covers contiguous memory: warp
+  // tiles (kDqM x kDqD each) in warp order, in each its m16n8 fragments (mt-major), in each
+  // 32 lanes x 4 values.  kDqVec 4: lane-major, one 16-byte reduction per lane, 512 contiguous
+  // bytes per warp instruction (red.v4, sm90).  kDqVec 1: value-major, four scalar atomics of
+  // 128 contiguous bytes each.  (Row-major order made each reduction of a warp touch eight rows,
+  // eight 128-byte lines: 13-15% of the backward's time, benchmarks/NOTES.md entry 11.)
+  // Element e of lane `lane` in fragment (mt, dt) of warp `warp` is dQ row
+  // wm + mt * 16 + lane / 4 + (e / 2) * 8, column wd + dt * 8 + (lane % 4) * 2 + e % 2.
+  static __device__ __forceinline__ int dq_offset(int warp, int mt, int dt, int lane, int e) {
+    const int frag = (warp * (kDqM / 16) + mt) * (kDqD / 8) + dt;
+    return frag * 128 + (kDqVec == 4 ? lane * 4 + e : e * 32 + lane);
+  }
+  // Sequence `sq`'s first accumulator tile (the rows params.h's kDqAccumRowAlign describes).
+  static __device__ __forceinline__ float* dq_accum_tiles(const BwdParams& p, const SeqlenInfo& sq,
+                                                          int head, int batch) {
+    const int64_t row0 = p.fwd.seq_q.cu_seqlens == nullptr
+                             ? 0
+                             : (int64_t(sq.offset) + int64_t(batch) * kBlockM) / kBlockM * kBlockM;
+    return static_cast<float*>(p.dq_accum.ptr) + batch * p.dq_accum.batch_stride +
+           head * p.dq_accum.head_stride + row0 * p.dq_accum.row_stride;
+  }
 
   // Starts the copies of query tile m's Q rows (and lse) into Q stage `stage`, or of its dO
   // rows (and rowsum(dO*O)); the caller commits.  Rows past the used length are zero-filled.
@@ -138,9 +157,15 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
 
   static __device__ void scores(const BwdParams& p, SharedStorage& smem, const MaskInfo& mask,
                                 int m, int n0, int q_stage, int do_stage);
-  static __device__ void add_dq(const BwdParams& p, SharedStorage& smem, const Tile& t, int len_q,
-                                int m);
+  static __device__ void add_dq(SharedStorage& smem, const Tile& t, int m);
   static __device__ void run(const BwdParams& p, SharedStorage& smem);
+
+  // The second kernel: dQ (q's dtype and layout) from the accumulator, one block of kThreads
+  // per query tile; rows past the used queries get zeros.
+  struct ConvertStorage {
+    Element dq[kBlockM * PaddedRows<kHeadDim>::kPitch];
+  };
+  static __device__ void convert_dq(const BwdParams& p, ConvertStorage& smem);
 };
 
 // P = exp(S * scale - lse) and dS = scale * P * (dP - rowsum(dO*O)) for query tile m, stored to
@@ -197,96 +222,35 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
   store_tile(smem.ds + wm * kPsPitch + wn, dp, lane);
 }
 
-// dQ[tile m] += dS K (dS carries the softmax scale), added to the float32 buffer.
+// dQ[tile m] += dS K (dS carries the softmax scale), added to the float32 accumulator in its
+// fragment order (dq_offset).  Every position of the tile exists there, so no element needs a
+// bounds test: rows past the used queries and columns past the head dim hold partial sums the
+// conversion never writes out.
 template <class ElementTag, int kHeadDim, class Config>
-__device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(const BwdParams& p,
-                                                                SharedStorage& smem, const Tile& t,
-                                                                int len_q, int m) {
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(SharedStorage& smem, const Tile& t,
+                                                                int m) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wm = (warp % Config::kDqWarpsM) * kDqM;
   const int wd = (warp / Config::kDqWarpsM) * kDqD;
-  const bool whole_tile = m * kBlockM + kBlockM <= len_q && kHeadDim == p.fwd.head_dim;
-  if constexpr (kStageDq) {
-    // Through this warp's staging tile, kDqChunkD columns at a time, so that each reduction
-    // covers 16 contiguous bytes per lane.  Only this warp touches the tile: __syncwarp orders
-    // its stores before its loads and its loads before the next chunk's stores.
-    float* sdq = smem.dq + warp * kDqM * kDqPitch;
-    const int row = lane / kDqLanesPerRow;
-    const int col = (lane % kDqLanesPerRow) * 4;
-    const bool active = lane < kDqRowsPerPass * kDqLanesPerRow;  // kDqChunkD / 4 may not divide 32
-    const int64_t step = kDqRowsPerPass * p.dq_accum.row_stride;
+  float* tile = t.gdq + int64_t(m) * kBlockM * kHeadDim;
 #pragma unroll
-    for (int c = 0; c < kDqChunks; ++c) {
-      const int wc = wd + c * kDqChunkD;
-      float dq[kDqM / 16][kDqChunkD / 8][4];
-      zero(dq);
-      warp_gemm<kDqM, kDqChunkD, kBlockN, OperandLayout<false, true, false, true>>(
-          dq, smem.ds + wm * kPsPitch, kPsPitch, smem.k + wc, kPitch, lane);
-#pragma unroll
-      for (int mt = 0; mt < kDqM / 16; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int dt = 0; dt < kDqChunkD / 8; ++dt) {
-            *reinterpret_cast<float2*>(sdq + (mt * 16 + lane / 4 + r * 8) * kDqPitch + dt * 8 +
-                                       (lane % 4) * 2) =
-                make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
-          }
-      __syncwarp();
-      if (active) {
-        const int row0 = m * kBlockM + wm + row;
-        float* dst = t.gdq + int64_t(row0) * p.dq_accum.row_stride + wc + col;
-        const bool col_ok = wc + col < p.fwd.head_dim;
-#pragma unroll
-        for (int i = 0; i < kDqM / kDqRowsPerPass; ++i) {
-          if (whole_tile || (col_ok && row0 + i * kDqRowsPerPass < len_q)) {
-            red_add_f32x4(dst, *reinterpret_cast<const float4*>(
-                                   sdq + (row + i * kDqRowsPerPass) * kDqPitch + col));
-          }
-          dst += step;
-        }
-      }
-      __syncwarp();
-    }
-    return;
-  }
-  float dq[kDqM / 16][kDqD / 8][4];
-  zero(dq);
-  warp_gemm<kDqM, kDqD, kBlockN, OperandLayout<false, true, false, true>>(
-      dq, smem.ds + wm * kPsPitch, kPsPitch, smem.k + wd, kPitch, lane);
-  const int row0 = m * kBlockM + wm + lane / 4;  // this thread's first row; then every 8th
-  const int col0 = wd + (lane % 4) * 2;
-  const int64_t stride8 = 8 * p.dq_accum.row_stride;
-  float* dst = t.gdq + int64_t(row0) * p.dq_accum.row_stride + col0;
-  // Whole tiles (the common case) need no per-element test and keep one pointer that steps by
-  // 8 rows; the column offsets are immediates.
-  if (whole_tile) {
+  for (int c = 0; c < kDqChunks; ++c) {
+    float dq[kDqM / 16][kDqChunkD / 8][4];
+    zero(dq);
+    warp_gemm<kDqM, kDqChunkD, kBlockN, OperandLayout<false, true, false, true>>(
+        dq, smem.ds + wm * kPsPitch, kPsPitch, smem.k + wd + c * kDqChunkD, kPitch, lane);
 #pragma unroll
     for (int mt = 0; mt < kDqM / 16; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int dt = 0; dt < kDqChunkD / 8; ++dt) {
+        float* dst = tile + dq_offset(warp, mt, c * (kDqChunkD / 8) + dt, lane, 0);
+        if constexpr (kDqVec == 4) {
+          red_add_f32x4(dst, make_float4(dq[mt][dt][0], dq[mt][dt][1], dq[mt][dt][2], dq[mt][dt][3]));
+        } else {
 #pragma unroll
-        for (int dt = 0; dt < kDqD / 8; ++dt) {
-          red_add_f32x2(dst + dt * 8, dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
+          for (int e = 0; e < 4; ++e) red_add_f32(dst + e * 32, dq[mt][dt][e]);
         }
-        dst += stride8;
-      }
-  } else {
-    // Rows past the used queries and columns past the head dim get nothing.
-#pragma unroll
-    for (int mt = 0; mt < kDqM / 16; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (row0 + mt * 16 + r * 8 < len_q) {
-#pragma unroll
-          for (int dt = 0; dt < kDqD / 8; ++dt) {
-            if (col0 + dt * 8 < p.fwd.head_dim) {
-              red_add_f32x2(dst + dt * 8, dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]);
-            }
-          }
-        }
-        dst += stride8;
       }
   }
 }
@@ -319,8 +283,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
   t.lse = f.lse.ptr + batch * f.lse.batch_stride + head * f.lse.head_stride + sq.offset;
   t.dot =
       p.dot_do_o.ptr + batch * p.dot_do_o.batch_stride + head * p.dot_do_o.head_stride + sq.offset;
-  t.gdq = static_cast<float*>(p.dq_accum.ptr) + batch * p.dq_accum.batch_stride +
-          q_row0 * p.dq_accum.row_stride + head * p.dq_accum.head_stride;
+  t.gdq = dq_accum_tiles(p, sq, head, batch);
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -368,7 +331,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
         load_q(p, smem, t, sq.len, m + 1, 0);
         cp_async_commit();
       }
-      add_dq(p, smem, t, sq.len, m);
+      add_dq(smem, t, m);
     }
   }
 
@@ -394,16 +357,80 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
       }
 }
 
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void BwdKernel<ElementTag, kHeadDim, Config>::convert_dq(const BwdParams& p,
+                                                                    ConvertStorage& smem) {
+  using Rows = PaddedRows<kHeadDim>;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const SeqlenInfo sq(p.fwd.seq_q, batch);
+  const int m0 = blockIdx.x * kBlockM;
+  if (m0 >= sq.extent) return;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int wm = (warp % Config::kDqWarpsM) * kDqM;
+  const int wd = (warp / Config::kDqWarpsM) * kDqD;
+  const float* tile = dq_accum_tiles(p, sq, head, batch) + int64_t(m0) * kHeadDim;
+#pragma unroll
+  for (int mt = 0; mt < kDqM / 16; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDqD / 8; ++dt) {
+      const float* src = tile + dq_offset(warp, mt, dt, lane, 0);
+      float x[4];
+      if constexpr (kDqVec == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] = src[e * 32];
+      }
+      const int row = wm + mt * 16 + lane / 4, col = wd + dt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<uint32_t*>(smem.dq + Rows::offset(row, col)) = pack2<Element>(x[0], x[1]);
+      *reinterpret_cast<uint32_t*>(smem.dq + Rows::offset(row + 8, col)) =
+          pack2<Element>(x[2], x[3]);
+    }
+  __syncthreads();  // the copy-out reads rows other warps converted
+  Element* gdq = static_cast<Element*>(p.dq.ptr) + batch * p.dq.batch_stride +
+                 int64_t(sq.offset + m0) * p.dq.row_stride + head * p.dq.head_stride;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int chunk = threadIdx.x; chunk < kBlockM * kChunksPerRow; chunk += kThreads) {
+    const int row = chunk / kChunksPerRow;
+    const int col = (chunk % kChunksPerRow) * 8;
+    if (m0 + row < sq.extent && col < p.fwd.head_dim) {
+      const uint4 v = m0 + row < sq.len ? *reinterpret_cast<const uint4*>(smem.dq + Rows::offset(row, col))
+                                        : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(gdq + int64_t(row) * p.dq.row_stride + col) = v;
+    }
+  }
+}
+
+// A config's kernel bodies are compiled only for the archs its launcher picks it on (run_bwd),
+// which keeps the compile time of two configs that of one.  Elsewhere they must never run: trap
+// rather than return zeros.
+#if defined(__CUDA_ARCH__)
+template <class Config> constexpr bool compiled_here() {
+  return Config::kMinArch * 10 <= __CUDA_ARCH__ && __CUDA_ARCH__ < Config::kEndArch * 10;
+}
+#endif
+
 template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
     bwd_kernel(const __grid_constant__ BwdParams params) {
 #if defined(__CUDA_ARCH__)
-  // A config's body is compiled only for the archs its launcher picks it on (run_bwd), which
-  // keeps the compile time of two configs that of one.  Elsewhere it must never run: trap
-  // rather than return zeros.
-  if constexpr (Kernel::Config::kMinArch * 10 <= __CUDA_ARCH__ &&
-                __CUDA_ARCH__ < Kernel::Config::kEndArch * 10) {
+  if constexpr (compiled_here<typename Kernel::Config>()) {
     extern __shared__ __align__(16) char smem_buf[];
     Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+  } else {
+    __trap();
+  }
+#endif
+}
+
+template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
+    bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (compiled_here<typename Kernel::Config>()) {
+    __shared__ typename Kernel::ConvertStorage smem;
+    Kernel::convert_dq(params, smem);
   } else {
     __trap();
   }

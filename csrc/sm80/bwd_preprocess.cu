@@ -1,6 +1,7 @@
 // rowsum(dO * O) for every query row and head, the D term of dS = P * (dP - D).  One warp per
 // (row, head): each lane reads one 16-byte chunk of dO and O, so any head dim up to 256 is one
-// coalesced pass.
+// coalesced pass.  The same blocks zero the dQ accumulator, each a contiguous slice (one pass
+// fewer than a separate memset).
 #include <cuda_runtime.h>
 
 #include "common/launch_api.h"
@@ -14,6 +15,17 @@ constexpr int kWarpsPerBlock = 8;
 template <class Element> __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     dot_do_o_kernel(const __grid_constant__ BwdParams p) {
   const FwdParams& f = p.fwd;
+  {
+    const int64_t vectors = p.dq_accum_floats / 4;  // rows are whole multiples of 8 floats
+    const int64_t blocks = int64_t(gridDim.x) * gridDim.y;
+    const int64_t per_block = (vectors + blocks - 1) / blocks;
+    const int64_t begin = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * per_block;
+    const int64_t end = begin + per_block < vectors ? begin + per_block : vectors;
+    float4* zero = static_cast<float4*>(p.dq_accum.ptr);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      zero[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int head = blockIdx.y;
   const int lane = threadIdx.x % 32;

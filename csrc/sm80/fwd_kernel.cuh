@@ -260,11 +260,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
       if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
         apply_mask(s, mask, m0 + warp_row0, n0, lane);
       }
-      softmax_step(s, o, st, scale_log2);
-      uint32_t p_packed[kMTiles][kBlockN / 16][4];
-      pack_p(p_packed, s);
-
-      // V[n] landed; every warp is done reading K[n], so K[n-1] may overwrite it.
+      // V[n] landed; every warp is done reading K[n], so K[n-1] may overwrite it.  Issuing it
+      // before the softmax gives the copy the softmax and P.V to land in.
       cp_async_wait<0>();
       __syncthreads();
       if (n > n_begin) {
@@ -273,6 +270,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
             sk.len - (n0 - kBlockN), p.head_dim);
         cp_async_commit();
       }
+      softmax_step(s, o, st, scale_log2);
+      uint32_t p_packed[kMTiles][kBlockN / 16][4];
+      pack_p(p_packed, s);
       gemm_pv(o, p_packed, smem.v, lane);
     }
   }

@@ -1,5 +1,6 @@
-// Host-side launch of the portable backward kernel for one (dtype, head dim).  The caller has
-// zeroed dq_accum and run the preprocess kernel (rowsum(dO * O)) on the same stream.
+// Host-side launch of the portable backward for one (dtype, head dim): the main kernel, then the
+// conversion of its dQ accumulator to dQ.  The caller has run the preprocess kernel (rowsum(dO *
+// O), zeroing the accumulator) on the same stream.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,8 +14,13 @@ namespace flash_cuda::sm80 {
 template <class Kernel> cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const dim3 grid(tiles(params.fwd.seq_k.seqlen, Kernel::kBlockN), params.fwd.heads_q,
                   params.fwd.batch);
-  return launch_with_smem(&bwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
-                          params);
+  cudaError_t err = launch_with_smem(&bwd_kernel<Kernel>, grid, Kernel::kThreads,
+                                     Kernel::kSmemBytes, stream, params);
+  if (err != cudaSuccess) return err;
+  const dim3 convert_grid(tiles(params.fwd.seq_q.seqlen, Kernel::kBlockM), params.fwd.heads_q,
+                          params.fwd.batch);
+  return launch_with_smem(&bwd_convert_dq_kernel<Kernel>, convert_grid, Kernel::kThreads, 0,
+                          stream, params);
 }
 
 // Picks the tile table by the code the device runs, not by the device: a build for sm80 only

@@ -42,17 +42,17 @@ template <> struct FwdTileConfig<256> {  // 16 rows/warp, 2 blocks/SM; 8 warps x
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
 // Each of its five GEMMs splits over the warps in its own layout (warps along the first dim x
 // the rest): S = Q K^T and dP = dO V^T (kSdpWarpsM), dV += P^T dO and dK += dS^T Q
-// (kKvWarpsN), dQ = dS K (kDqWarpsM); P and dS pass through shared memory.  The binding
-// resource is registers: dK and dV live in them for the whole block (2 * kBlockN * kHeadDim /
-// threads fp32 each), S and dP for one query tile (2 * kBlockM * kBlockN / threads).  Q (and dO)
-// are double-buffered where shared memory allows (kStagesQ, kStagesDo).
+// (kKvWarpsN), dQ = dS K (kDqWarpsM, in kDqChunks column chunks); P and dS pass through shared
+// memory.  The binding resource is registers: dK and dV live in them for the whole block
+// (2 * kBlockN * kHeadDim / threads fp32 each), S and dP for one query tile (2 * kBlockM *
+// kBlockN / threads).  Q (and dO) are double-buffered where shared memory allows (kStagesQ,
+// kStagesDo).  kDqVec: values per dQ reduction (sm90 has a 16-byte red.v4; before it, scalar).
 //
 // Each table serves the compute capabilities [kMinArch, kEndArch); the launcher picks by the
 // code the GPU runs and the kernel body is compiled only there.
 struct BwdTableSm80 {  // what every entry of the sm80 table shares
   static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
-  static constexpr bool kStageDq = false;  // dQ reductions straight from the accumulators
-  static constexpr int kDqChunks = 1;
+  static constexpr int kDqVec = 1, kDqChunks = 1;
 };
 template <int kHeadDim> struct BwdTileConfig;
 template <> struct BwdTileConfig<64> : BwdTableSm80 {  // dK+dV 64, S+dP 128 regs; 150 KB; 1 Q stage
@@ -76,16 +76,13 @@ template <> struct BwdTileConfig<256> : BwdTableSm80 {  // dK+dV 128, S+dP 32 re
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
 };
 
-// sm90 and later: the same tiles, with the 227 KB spent on (1) a per-warp float32 staging tile
-// for dQ, so that each reduction adds 16 contiguous bytes per lane (four 128-byte lines per
-// instruction instead of eight rows of 32 bytes: the reductions were 13% of the time; +7%
-// measured), and (2) a second Q and dO stage where they still fit (+2-3% each).  Head dim 256
-// stages its dQ tile in two column chunks.
+// sm90 and later: the same tiles, with 16-byte dQ reductions, and the 227 KB spent on a second
+// Q and dO stage (+1-3% each, entry 12 of benchmarks/NOTES.md).  Head dim 256 computes its dQ
+// tile in two column chunks (32 fewer live registers).
 template <int kHeadDim> struct BwdTileConfigSm90
-    : BwdTileConfig<kHeadDim> {  // smem 210 / 175 / 219 / 205 / 195 KB
-  static constexpr int kStagesQ = kHeadDim == 256 ? 1 : 2;
-  static constexpr int kStagesDo = kHeadDim == 96 || kHeadDim == 128 ? 2 : 1;
-  static constexpr bool kStageDq = true;
+    : BwdTileConfig<kHeadDim> {  // smem 190 / 147 / 179 / 175 / 223 KB
+  static constexpr int kStagesQ = 2, kStagesDo = 2;
+  static constexpr int kDqVec = 4;
   static constexpr int kDqChunks = kHeadDim == 256 ? 2 : 1;
   static constexpr int kMinArch = 90, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm90;
 };
