@@ -404,15 +404,6 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::convert_dq(const BwdPar
   }
 }
 
-// A config's kernel bodies are compiled only for the archs its launcher picks it on (run_bwd),
-// which keeps the compile time of two configs that of one.  Elsewhere they must never run: trap
-// rather than return zeros.
-#if defined(__CUDA_ARCH__)
-template <class Config> constexpr bool compiled_here() {
-  return Config::kMinArch * 10 <= __CUDA_ARCH__ && __CUDA_ARCH__ < Config::kEndArch * 10;
-}
-#endif
-
 template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
     bwd_kernel(const __grid_constant__ BwdParams params) {
 #if defined(__CUDA_ARCH__)

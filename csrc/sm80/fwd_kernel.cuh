@@ -14,9 +14,9 @@
 
 namespace flash_cuda::sm80 {
 
-template <class ElementTag, int kHeadDim_> struct FwdKernel {
+template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   using Element = typename DeviceType<ElementTag>::type;
-  using Config = FwdTileConfig<kHeadDim_>;
+  using Config = Config_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
@@ -38,10 +38,10 @@ template <class ElementTag, int kHeadDim_> struct FwdKernel {
     Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) Rows
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= kMaxSmemBytesSm80, "the tile config must fit an sm80 block");
+  static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
   // The README promises the forward on sm86/sm89 for every head dim but 161-192.
-  static_assert(kHeadDim == 192 || kSmemBytes <= kMaxSmemBytesSm86,
-                "the tile config must fit the 99 KB of an sm86/sm89 block");
+  static_assert(Config::kMinArch >= 90 || kHeadDim == 192 || kSmemBytes <= kMaxSmemBytesSm86,
+                "the sm80 table must fit the 99 KB of an sm86/sm89 block");
 
   // Per-thread state of the online softmax for its 2 * kMTiles rows.
   struct RowState {
@@ -193,8 +193,8 @@ template <class ElementTag, int kHeadDim_> struct FwdKernel {
                                   const SeqlenInfo& sq, int m0, int head, int batch);
 };
 
-template <class ElementTag, int kHeadDim>
-__device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedStorage& smem) {
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p, SharedStorage& smem) {
   // Largest-first order: with a causal mask the last query tiles have the most keys.
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y;
@@ -281,8 +281,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::run(const FwdParams& p, SharedS
 
 // Normalises O by the row sums, writes lse, and stores O through shared memory so that global
 // writes are whole 16-byte chunks.  Rows that saw no key get O = 0 and lse = -inf.
-template <class ElementTag, int kHeadDim>
-__device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, SharedStorage& smem,
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const FwdParams& p, SharedStorage& smem,
                                                           float (&o)[kMTiles][kDTiles][4],
                                                           RowState& st, const SeqlenInfo& sq,
                                                           int m0, int head, int batch) {
@@ -325,8 +325,14 @@ __device__ void FwdKernel<ElementTag, kHeadDim>::epilogue(const FwdParams& p, Sh
 
 template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
     fwd_kernel(const __grid_constant__ FwdParams params) {
-  extern __shared__ __align__(16) char smem_buf[];
-  Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+#if defined(__CUDA_ARCH__)
+  if constexpr (compiled_here<typename Kernel::Config>()) {
+    extern __shared__ __align__(16) char smem_buf[];
+    Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+  } else {
+    __trap();
+  }
+#endif
 }
 
 }  // namespace flash_cuda::sm80

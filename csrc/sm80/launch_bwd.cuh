@@ -23,18 +23,14 @@ template <class Kernel> cudaError_t launch_bwd(const BwdParams& params, cudaStre
                           stream, params);
 }
 
-// Picks the tile table by the code the device runs, not by the device: a build for sm80 only
-// runs on an sm90 GPU through its compute_80 PTX, where the sm90 table's body is empty.  The
-// PTX version of the sm90 kernel's loaded image is the __CUDA_ARCH__ it was compiled for.
 template <class ElementTag, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Sm90 = BwdKernel<ElementTag, kHeadDim, BwdTileConfigSm90<kHeadDim>>;
   using Sm80 = BwdKernel<ElementTag, kHeadDim, BwdTileConfig<kHeadDim>>;
-  cudaFuncAttributes attr;
-  const cudaError_t err = cudaFuncGetAttributes(&attr, bwd_kernel<Sm90>);
+  bool sm90 = false;
+  const cudaError_t err = runs_code_for(&bwd_kernel<Sm90>, Sm90::Config::kMinArch, &sm90);
   if (err != cudaSuccess) return err;
-  if (attr.ptxVersion >= Sm90::Config::kMinArch) return launch_bwd<Sm90>(params, stream);
-  return launch_bwd<Sm80>(params, stream);
+  return sm90 ? launch_bwd<Sm90>(params, stream) : launch_bwd<Sm80>(params, stream);
 }
 
 }  // namespace flash_cuda::sm80

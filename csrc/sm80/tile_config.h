@@ -15,28 +15,38 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 // Forward: kBlockM query rows per block, kBlockN keys per step, each warp owns kBlockM/kNWarps
 // rows.  The binding resource is registers: a thread holds (rows per warp) x (kHeadDim + kBlockN)
 // / 32 fp32 accumulators for O and S.  kCopyRows: the tiles use the CopyRows layout (+1-5%,
-// entry 15 of benchmarks/NOTES.md) rather than 16-byte padding.
+// entry 15 of benchmarks/NOTES.md) rather than 16-byte padding.  Two tables, like the
+// backward's (see there): sm80-sm89 and sm90+.
+struct FwdTableSm80 {
+  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
+};
 template <int kHeadDim> struct FwdTileConfig;
-template <> struct FwdTileConfig<64> {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
+template <> struct FwdTileConfig<64> : FwdTableSm80 {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<96> {  // O 96 + S 64 regs
+template <> struct FwdTileConfig<96> : FwdTableSm80 {  // O 96 + S 64 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<128> {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
+template <> struct FwdTileConfig<128> : FwdTableSm80 {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<192> {  // 16 rows per warp: O 96 + S 32 regs
+template <> struct FwdTileConfig<192> : FwdTableSm80 {  // 16 rows per warp: O 96 + S 32 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<256> {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
+template <> struct FwdTileConfig<256> : FwdTableSm80 {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
   // Padded rows: 99 KB exactly, which sm86/sm89 allow; CopyRows would need 102 KB.
   static constexpr bool kCopyRows = false;
+};
+
+// sm90 and later: the same tiles, all in CopyRows (hdim 256 has the shared memory for it).
+template <int kHeadDim> struct FwdTileConfigSm90 : FwdTileConfig<kHeadDim> {
+  static constexpr bool kCopyRows = true;
+  static constexpr int kMinArch = 90, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm90;
 };
 
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
@@ -86,5 +96,14 @@ template <int kHeadDim> struct BwdTileConfigSm90
   static constexpr int kDqChunks = kHeadDim == 256 ? 2 : 1;
   static constexpr int kMinArch = 90, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm90;
 };
+
+#if defined(__CUDA_ARCH__)
+// Whether this compilation pass builds the kernel bodies of a table: each table's are compiled
+// only for the archs its launcher picks it on, which keeps the compile time of two tables that
+// of one.  Elsewhere a table's kernels trap rather than return nothing.
+template <class Config> constexpr bool compiled_here() {
+  return Config::kMinArch * 10 <= __CUDA_ARCH__ && __CUDA_ARCH__ < Config::kEndArch * 10;
+}
+#endif
 
 }  // namespace flash_cuda::sm80
