@@ -335,26 +335,41 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
     }
   }
 
-  // dK = dS^T Q (dS carries the scale).  Rows past the used keys hold zeros and are written too.
-  Element* gdk = static_cast<Element*>(p.dk.ptr) + batch * p.dk.batch_stride +
-                 k_row0 * p.dk.row_stride + head * p.dk.head_stride;
-  Element* gdv = static_cast<Element*>(p.dv.ptr) + batch * p.dv.batch_stride +
-                 k_row0 * p.dv.row_stride + head * p.dv.head_stride;
+  // dK and dV (dS carries the scale, so dK is scaled) leave through K's and V's shared tiles,
+  // so that every global store is a whole 16-byte chunk: straight from the accumulators each
+  // warp store touched eight rows, eight 128-byte lines.  Rows past the used keys hold zeros
+  // and are written too.
+  __syncthreads();  // every warp is done reading K and V
+  using Rows = CopyRows<kHeadDim>;
 #pragma unroll
   for (int mt = 0; mt < kKvN / 16; ++mt)
 #pragma unroll
     for (int dt = 0; dt < kKvD / 8; ++dt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = kv_n + mt * 16 + lane / 4 + r * 8;
-        const int col = kv_d + dt * 8 + (lane % 4) * 2;
-        if (t.n0 + row < sk.extent && col < f.head_dim) {
-          *reinterpret_cast<uint32_t*>(gdk + int64_t(row) * p.dk.row_stride + col) =
-              pack2<Element>(dk[mt][dt][2 * r], dk[mt][dt][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(gdv + int64_t(row) * p.dv.row_stride + col) =
-              pack2<Element>(dv[mt][dt][2 * r], dv[mt][dt][2 * r + 1]);
-        }
+        const int off = Rows::offset(kv_n + mt * 16 + lane / 4 + r * 8, kv_d + dt * 8 + (lane % 4) * 2);
+        *reinterpret_cast<uint32_t*>(smem.k + off) =
+            pack2<Element>(dk[mt][dt][2 * r], dk[mt][dt][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(smem.v + off) =
+            pack2<Element>(dv[mt][dt][2 * r], dv[mt][dt][2 * r + 1]);
       }
+  __syncthreads();  // the copy-out reads rows other warps wrote
+  Element* gdk = static_cast<Element*>(p.dk.ptr) + batch * p.dk.batch_stride +
+                 k_row0 * p.dk.row_stride + head * p.dk.head_stride;
+  Element* gdv = static_cast<Element*>(p.dv.ptr) + batch * p.dv.batch_stride +
+                 k_row0 * p.dv.row_stride + head * p.dv.head_stride;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int chunk = threadIdx.x; chunk < kBlockN * kChunksPerRow; chunk += kThreads) {
+    const int row = chunk / kChunksPerRow;
+    const int col = (chunk % kChunksPerRow) * 8;
+    if (t.n0 + row < sk.extent && col < f.head_dim) {
+      const int off = Rows::offset(row, col);
+      *reinterpret_cast<uint4*>(gdk + int64_t(row) * p.dk.row_stride + col) =
+          *reinterpret_cast<const uint4*>(smem.k + off);
+      *reinterpret_cast<uint4*>(gdv + int64_t(row) * p.dv.row_stride + col) =
+          *reinterpret_cast<const uint4*>(smem.v + off);
+    }
+  }
 }
 
 template <class ElementTag, int kHeadDim, class Config>
