@@ -29,8 +29,7 @@ template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim
 // tables are picked by this, not by the device: a build for sm80 only runs on an sm90 GPU
 // through its compute_80 PTX, where the sm90 table's kernels are empty.  The PTX version of a
 // kernel's loaded image is the __CUDA_ARCH__ it was compiled for.
-template <class Params>
-cudaError_t runs_code_for(void (*kernel)(Params), int arch, bool* yes) {
+template <class Params> cudaError_t runs_code_for(void (*kernel)(Params), int arch, bool* yes) {
   cudaFuncAttributes attr;
   const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
   *yes = err == cudaSuccess && attr.ptxVersion >= arch;

@@ -60,8 +60,8 @@ constexpr int kDqAccumRowAlign = 128;
 struct BwdParams {
   FwdParams fwd;  // q, k, v, o, lse and the problem as the forward saw it
   TensorRef dout;
-  TensorRef dq;        // the output, q's layout
-  TensorRef dq_accum;  // float32, rows of the kernel's head dim (row_stride), see above
+  TensorRef dq;                 // the output, q's layout
+  TensorRef dq_accum;           // float32, rows of the kernel's head dim (row_stride), see above
   int64_t dq_accum_floats = 0;  // its size; the preprocess kernel zeroes it
   TensorRef dk, dv;             // heads_q heads when heads_q != heads_kv (summed by the caller)
   RowStatsRef dot_do_o;         // float32 rowsum(dO * O), written by the preprocess kernel

@@ -40,6 +40,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
   static constexpr int kDqChunks = Config::kDqChunks;
   static constexpr int kDqChunkD = kDqD / kDqChunks;
   static constexpr int kDqVec = Config::kDqVec;
+  static constexpr bool kGemmPrefetch = Config::kGemmPrefetch;  // see warp_gemm
   static_assert(kStagesQ >= 1 && kStagesQ <= 2 && kStagesDo >= 1 && kStagesDo <= 2,
                 "Q and dO are single- or double-buffered");
   static_assert(kSdpM % 16 == 0 && kSdpN % 16 == 0 && kKvN % 16 == 0 && kKvD % 16 == 0 &&
@@ -185,7 +186,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
 
   float s[kSdpM / 16][kSdpN / 8][4];  // S, then P
   zero(s);
-  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false, true, true>>(
+  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false, true, true>, kGemmPrefetch>(
       s, smem.q[q_stage] + wm * kPitch, kPitch, smem.k + wn * kPitch, kPitch, lane);
   if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) apply_mask(s, mask, m0 + wm, n0 + wn, lane);
 #pragma unroll
@@ -205,7 +206,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::scores(const BwdParams&
 
   float dp[kSdpM / 16][kSdpN / 8][4];  // dP, then dS
   zero(dp);
-  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false, true, true>>(
+  warp_gemm<kSdpM, kSdpN, kHeadDim, OperandLayout<false, false, true, true>, kGemmPrefetch>(
       dp, smem.dout[do_stage] + wm * kPitch, kPitch, smem.v + wn * kPitch, kPitch, lane);
 #pragma unroll
   for (int mt = 0; mt < kSdpM / 16; ++mt)
@@ -238,7 +239,7 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(SharedStorage& s
   for (int c = 0; c < kDqChunks; ++c) {
     float dq[kDqM / 16][kDqChunkD / 8][4];
     zero(dq);
-    warp_gemm<kDqM, kDqChunkD, kBlockN, OperandLayout<false, true, false, true>>(
+    warp_gemm<kDqM, kDqChunkD, kBlockN, OperandLayout<false, true, false, true>, kGemmPrefetch>(
         dq, smem.ds + wm * kPsPitch, kPsPitch, smem.k + wd + c * kDqChunkD, kPitch, lane);
 #pragma unroll
     for (int mt = 0; mt < kDqM / 16; ++mt)
@@ -246,7 +247,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::add_dq(SharedStorage& s
       for (int dt = 0; dt < kDqChunkD / 8; ++dt) {
         float* dst = tile + dq_offset(warp, mt, c * (kDqChunkD / 8) + dt, lane, 0);
         if constexpr (kDqVec == 4) {
-          red_add_f32x4(dst, make_float4(dq[mt][dt][0], dq[mt][dt][1], dq[mt][dt][2], dq[mt][dt][3]));
+          red_add_f32x4(dst,
+                        make_float4(dq[mt][dt][0], dq[mt][dt][1], dq[mt][dt][2], dq[mt][dt][3]));
         } else {
 #pragma unroll
           for (int e = 0; e < 4; ++e) red_add_f32(dst + e * 32, dq[mt][dt][e]);
@@ -317,14 +319,14 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
       scores(p, smem, mask, m, t.n0, q_stage, do_stage);
       __syncthreads();  // P and dS complete: the GEMMs below read other warps' tiles
 
-      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true, false, true>>(
+      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true, false, true>, kGemmPrefetch>(
           dv, smem.p + kv_n, kPsPitch, smem.dout[do_stage] + kv_d, kPitch, lane);
       if (kStagesDo == 1 && has_next) {
         __syncthreads();  // every warp is done reading dO: the next tile's may land there
         load_do(p, smem, t, sq.len, m + 1, 0);
         cp_async_commit();
       }
-      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true, false, true>>(
+      warp_gemm<kKvN, kKvD, kBlockM, OperandLayout<true, true, false, true>, kGemmPrefetch>(
           dk, smem.ds + kv_n, kPsPitch, smem.q[q_stage] + kv_d, kPitch, lane);
       if (kStagesQ == 1 && has_next) {
         __syncthreads();  // every warp is done reading Q: the next tile's may land there
@@ -347,7 +349,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
     for (int dt = 0; dt < kKvD / 8; ++dt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int off = Rows::offset(kv_n + mt * 16 + lane / 4 + r * 8, kv_d + dt * 8 + (lane % 4) * 2);
+        const int off =
+            Rows::offset(kv_n + mt * 16 + lane / 4 + r * 8, kv_d + dt * 8 + (lane % 4) * 2);
         *reinterpret_cast<uint32_t*>(smem.k + off) =
             pack2<Element>(dk[mt][dt][2 * r], dk[mt][dt][2 * r + 1]);
         *reinterpret_cast<uint32_t*>(smem.v + off) =
@@ -412,8 +415,9 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::convert_dq(const BwdPar
     const int row = chunk / kChunksPerRow;
     const int col = (chunk % kChunksPerRow) * 8;
     if (m0 + row < sq.extent && col < p.fwd.head_dim) {
-      const uint4 v = m0 + row < sq.len ? *reinterpret_cast<const uint4*>(smem.dq + Rows::offset(row, col))
-                                        : make_uint4(0, 0, 0, 0);
+      const uint4 v = m0 + row < sq.len
+                          ? *reinterpret_cast<const uint4*>(smem.dq + Rows::offset(row, col))
+                          : make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(gdq + int64_t(row) * p.dq.row_stride + col) = v;
     }
   }

@@ -49,30 +49,37 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     float sum[kMTiles][2];  // partial over this thread's columns; reduced in the epilogue
   };
 
-  // s[mt][nt] += Q[warp rows] . K^T for one key tile (fp32 accumulators, m16n8 layout).
+  // s[mt][nt] += Q[warp rows] . K^T for one key tile (fp32 accumulators, m16n8 layout).  The
+  // fragments of k-step ks + 1 are loaded before the MMAs of step ks, so that no MMA waits for
+  // the ldmatrix that feeds it.
   static __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const Element* sq,
                                                  const Element* sk, int warp_row0, int lane) {
     const int swap = Rows::lane_chunk_swap(lane);  // every row here is lane mod 8
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      uint32_t a[kMTiles][4];
+    uint32_t a[2][kMTiles][4], b[2][kNTiles / 2][4];
+    auto load = [&](int ks, int slot) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        ldmatrix_x4(a[mt], sq + (warp_row0 + mt * 16 + lane % 16) * kPitch + ks * 16 +
-                               ((lane / 16) ^ swap) * 8);
+        ldmatrix_x4(a[slot][mt], sq + (warp_row0 + mt * 16 + lane % 16) * kPitch + ks * 16 +
+                                     ((lane / 16) ^ swap) * 8);
       }
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         // Matrices: keys 0-7 | k 0-7, keys 0-7 | k 8-15, keys 8-15 | k 0-7, keys 8-15 | k 8-15.
-        uint32_t b[4];
-        ldmatrix_x4(b, sk + (np * 16 + (lane / 16) * 8 + lane % 8) * kPitch + ks * 16 +
-                           (((lane / 8) % 2) ^ swap) * 8);
+        ldmatrix_x4(b[slot][np], sk + (np * 16 + (lane / 16) * 8 + lane % 8) * kPitch + ks * 16 +
+                                     (((lane / 8) % 2) ^ swap) * 8);
+      }
+    };
+    load(0, 0);
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      if (ks + 1 < kHeadDim / 16) load(ks + 1, (ks + 1) % 2);
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<Element>(s[mt][2 * np], a[mt], b[0], b[1]);
-          mma_16816<Element>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+          mma_16816<Element>(s[mt][2 * np], a[ks % 2][mt], b[ks % 2][np][0], b[ks % 2][np][1]);
+          mma_16816<Element>(s[mt][2 * np + 1], a[ks % 2][mt], b[ks % 2][np][2], b[ks % 2][np][3]);
         }
-      }
     }
   }
 
@@ -194,7 +201,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
 };
 
 template <class ElementTag, int kHeadDim, class Config>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p, SharedStorage& smem) {
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
+                                                             SharedStorage& smem) {
   // Largest-first order: with a causal mask the last query tiles have the most keys.
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y;
@@ -282,10 +290,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
 // Normalises O by the row sums, writes lse, and stores O through shared memory so that global
 // writes are whole 16-byte chunks.  Rows that saw no key get O = 0 and lse = -inf.
 template <class ElementTag, int kHeadDim, class Config>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const FwdParams& p, SharedStorage& smem,
-                                                          float (&o)[kMTiles][kDTiles][4],
-                                                          RowState& st, const SeqlenInfo& sq,
-                                                          int m0, int head, int batch) {
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
+    const FwdParams& p, SharedStorage& smem, float (&o)[kMTiles][kDTiles][4], RowState& st,
+    const SeqlenInfo& sq, int m0, int head, int batch) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int warp_row0 = warp * kWarpRows;

@@ -19,8 +19,8 @@ template <class Kernel> cudaError_t launch_bwd(const BwdParams& params, cudaStre
   if (err != cudaSuccess) return err;
   const dim3 convert_grid(tiles(params.fwd.seq_q.seqlen, Kernel::kBlockM), params.fwd.heads_q,
                           params.fwd.batch);
-  return launch_with_smem(&bwd_convert_dq_kernel<Kernel>, convert_grid, Kernel::kThreads, 0,
-                          stream, params);
+  return launch_with_smem(&bwd_convert_dq_kernel<Kernel>, convert_grid, Kernel::kThreads, 0, stream,
+                          params);
 }
 
 template <class ElementTag, int kHeadDim>

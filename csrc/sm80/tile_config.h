@@ -29,7 +29,8 @@ template <> struct FwdTileConfig<96> : FwdTableSm80 {  // O 96 + S 64 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<128> : FwdTableSm80 {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
+template <> struct FwdTileConfig<128>
+    : FwdTableSm80 {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
@@ -37,7 +38,8 @@ template <> struct FwdTileConfig<192> : FwdTableSm80 {  // 16 rows per warp: O 9
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<256> : FwdTableSm80 {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
+template <> struct FwdTileConfig<256>
+    : FwdTableSm80 {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
   // Padded rows: 99 KB exactly, which sm86/sm89 allow; CopyRows would need 102 KB.
   static constexpr bool kCopyRows = false;
@@ -57,6 +59,8 @@ template <int kHeadDim> struct FwdTileConfigSm90 : FwdTileConfig<kHeadDim> {
 // (2 * kBlockN * kHeadDim / threads fp32 each), S and dP for one query tile (2 * kBlockM *
 // kBlockN / threads).  Q (and dO) are double-buffered where shared memory allows (kStagesQ,
 // kStagesDo).  kDqVec: values per dQ reduction (sm90 has a 16-byte red.v4; before it, scalar).
+// kGemmPrefetch: the GEMMs load each k-step's fragments one step ahead (warp_gemm): +0.5-2% at
+// hdims 64 and 128, -3% at 256, where the registers are short (benchmarks/NOTES.md entry 22).
 //
 // Each table serves the compute capabilities [kMinArch, kEndArch); the launcher picks by the
 // code the GPU runs and the kernel body is compiled only there.
@@ -68,22 +72,27 @@ template <int kHeadDim> struct BwdTileConfig;
 template <> struct BwdTileConfig<64> : BwdTableSm80 {  // dK+dV 64, S+dP 128 regs; 150 KB; 1 Q stage
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
+  static constexpr bool kGemmPrefetch = true;
 };
 template <> struct BwdTileConfig<96> : BwdTableSm80 {  // dK+dV 96 regs, S+dP 64; smem 147 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 2;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 4;
+  static constexpr bool kGemmPrefetch = true;
 };
 template <> struct BwdTileConfig<128> : BwdTableSm80 {  // dK+dV 128 regs, S+dP 64; smem 161 KB
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 2, kKvWarpsN = 4, kDqWarpsM = 2;
+  static constexpr bool kGemmPrefetch = true;
 };
 template <> struct BwdTileConfig<192> : BwdTableSm80 {  // dK+dV 96 regs, S+dP 32; smem 149 KB
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 2, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
+  static constexpr bool kGemmPrefetch = false;
 };
 template <> struct BwdTileConfig<256> : BwdTableSm80 {  // dK+dV 128, S+dP 32 regs; 155 KB; 1 stage
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8, kStagesQ = 1, kStagesDo = 1;
   static constexpr int kSdpWarpsM = 4, kKvWarpsN = 2, kDqWarpsM = 2;
+  static constexpr bool kGemmPrefetch = false;
 };
 
 // sm90 and later: the same tiles, with 16-byte dQ reductions, and the 227 KB spent on a second

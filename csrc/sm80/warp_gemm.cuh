@@ -23,8 +23,11 @@ struct OperandLayout {
   static constexpr bool kBSw = kBSwap;
 };
 
-// acc (kM x kN, m16n8 accumulator tiles) += A (kM x kK) . B (kK x kN).
-template <int kM, int kN, int kK, class Layout, class Element>
+// acc (kM x kN, m16n8 accumulator tiles) += A (kM x kK) . B (kK x kN).  kPrefetch: the fragments
+// of k-step ks + 1 are loaded before the MMAs of step ks, so that no MMA waits for the ldmatrix
+// that feeds it, at the cost of holding two k-steps of fragments; otherwise each B fragment is
+// loaded right before the MMAs that read it (fewest live registers).
+template <int kM, int kN, int kK, class Layout, bool kPrefetch = false, class Element>
 __device__ __forceinline__ void warp_gemm(float (&acc)[kM / 16][kN / 8][4], const Element* a,
                                           int lda, const Element* b, int ldb, int lane) {
   static_assert(kM % 16 == 0 && kN % 16 == 0 && kK % 16 == 0,
@@ -42,29 +45,69 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kM / 16][kN / 8][4], cons
   const Element* b_lane =
       Layout::kB ? b + (lane % 8 + ((lane / 8) % 2) * 8) * ldb + ((lane / 16) ^ b_swap) * 8
                  : b + (lane % 8 + (lane / 16) * 8) * ldb + (((lane / 8) % 2) ^ b_swap) * 8;
+  if constexpr (kPrefetch) {
+    auto load_a = [&](uint32_t(&ra)[kM / 16][4], int ks) {
 #pragma unroll
-  for (int ks = 0; ks < kK / 16; ++ks) {
-    uint32_t ra[kM / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < kM / 16; ++mt) {
-      if constexpr (Layout::kA) {
-        ldmatrix_x4_trans(ra[mt], a_lane + ks * 16 * lda + mt * 16);
-      } else {
-        ldmatrix_x4(ra[mt], a_lane + mt * 16 * lda + ks * 16);
+      for (int mt = 0; mt < kM / 16; ++mt) {
+        if constexpr (Layout::kA) {
+          ldmatrix_x4_trans(ra[mt], a_lane + ks * 16 * lda + mt * 16);
+        } else {
+          ldmatrix_x4(ra[mt], a_lane + mt * 16 * lda + ks * 16);
+        }
       }
-    }
-#pragma unroll
-    for (int np = 0; np < kN / 16; ++np) {
-      uint32_t rb[4];
+    };
+    auto load_b = [&](uint32_t(&rb)[4], int ks, int np) {
       if constexpr (Layout::kB) {
         ldmatrix_x4_trans(rb, b_lane + ks * 16 * ldb + np * 16);
       } else {
         ldmatrix_x4(rb, b_lane + np * 16 * ldb + ks * 16);
       }
+    };
+    auto mma = [&](const uint32_t(&ra)[kM / 16][4], const uint32_t(&rb)[4], int np) {
 #pragma unroll
       for (int mt = 0; mt < kM / 16; ++mt) {
         mma_16816<Element>(acc[mt][2 * np], ra[mt], rb[0], rb[1]);
         mma_16816<Element>(acc[mt][2 * np + 1], ra[mt], rb[2], rb[3]);
+      }
+    };
+    uint32_t ra[2][kM / 16][4], rb[2][kN / 16][4];
+#pragma unroll
+    for (int ks = 0; ks <= kK / 16; ++ks) {
+      if (ks < kK / 16) {  // step ks's fragments, one step ahead of its MMAs
+        load_a(ra[ks % 2], ks);
+#pragma unroll
+        for (int np = 0; np < kN / 16; ++np) load_b(rb[ks % 2][np], ks, np);
+      }
+      if (ks > 0) {
+#pragma unroll
+        for (int np = 0; np < kN / 16; ++np) mma(ra[(ks - 1) % 2], rb[(ks - 1) % 2][np], np);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kK / 16; ++ks) {
+      uint32_t ra[kM / 16][4];
+#pragma unroll
+      for (int mt = 0; mt < kM / 16; ++mt) {
+        if constexpr (Layout::kA) {
+          ldmatrix_x4_trans(ra[mt], a_lane + ks * 16 * lda + mt * 16);
+        } else {
+          ldmatrix_x4(ra[mt], a_lane + mt * 16 * lda + ks * 16);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        uint32_t rb[4];
+        if constexpr (Layout::kB) {
+          ldmatrix_x4_trans(rb, b_lane + ks * 16 * ldb + np * 16);
+        } else {
+          ldmatrix_x4(rb, b_lane + np * 16 * ldb + ks * 16);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kM / 16; ++mt) {
+          mma_16816<Element>(acc[mt][2 * np], ra[mt], rb[0], rb[1]);
+          mma_16816<Element>(acc[mt][2 * np + 1], ra[mt], rb[2], rb[3]);
+        }
       }
     }
   }
