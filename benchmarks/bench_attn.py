@@ -11,12 +11,16 @@ flash_attn.cute, fa2 = flash_attn). A backend that cannot run a point records No
 
 Timing is the median of triton.testing.do_bench (CUDA events if triton is missing). The
 backward is timed alone: the forward runs once, then only torch.autograd.grad is repeated.
+With --rounds N the whole grid runs N times and each number is the median over the rounds:
+a point's rounds are a grid apart in time, so a transient slowdown of the GPU (clocks, another
+tenant) moves one round, not the result.
 FLOPs: forward 4 * batch * heads * seqlen^2 * hdim, halved when causal; backward 2.5x that.
 
 Run:
     python benchmarks/bench_attn.py                      # the whole grid, bf16
     python benchmarks/bench_attn.py --hdims 128 --json out.json --plot out.png
     python benchmarks/bench_attn.py --seqlens 2048,8192 --causal yes --direction bwd
+    python benchmarks/bench_attn.py --rounds 5 --json grid.json   # medians of 5 rounds
 """
 
 import argparse
@@ -69,6 +73,7 @@ class Point:
     batch: int
     heads: int
     tflops: dict
+    rounds: list = dataclasses.field(default_factory=list)  # per round {name: TFLOP/s or None}
 
 
 def attention_flops(batch, heads, seqlen, hdim, causal, direction):
@@ -253,6 +258,20 @@ def run_grid(args, backends, timer, notes):
     return points
 
 
+def merge_rounds(rounds):
+    """One Point per grid point from several runs of the grid: the median TFLOP/s of each
+    backend over the rounds where it ran (None where it never did)."""
+    merged = []
+    for same in zip(*rounds):
+        first = same[0]
+        tflops = {}
+        for name in first.tflops:
+            values = [p.tflops[name] for p in same if p.tflops.get(name) is not None]
+            tflops[name] = statistics.median(values) if values else None
+        merged.append(dataclasses.replace(first, tflops=tflops, rounds=[p.tflops for p in same]))
+    return merged
+
+
 def ratios(point):
     """flash_cuda over sdpa_flash, over sdpa_cudnn and over the fastest peer at one point."""
     mine = point.tflops.get(FLASH_CUDA)
@@ -356,6 +375,7 @@ def write_json(path, args, env, names, points, notes):
         "tokens": args.tokens, "model_dim": args.model_dim, "dtype": args.dtype_name,
         "hdims": args.hdims, "seqlens": args.seqlens, "causal": args.causal,
         "directions": args.directions, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms,
+        "rounds": args.rounds,
     }
     rows = []
     for p in points:
@@ -424,6 +444,8 @@ def parse_args(argv=None):
     parser.add_argument("--model-dim", type=int, default=2048, help="heads * hdim")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the grid this many times; report each point's median")
     parser.add_argument("--json", metavar="PATH", help="write all numbers and the environment")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -444,6 +466,8 @@ def _check_args(parser, args):
     for seqlen in args.seqlens:
         if seqlen <= 0 or seqlen > args.tokens:
             parser.error(f"seqlen {seqlen} must be in 1..{args.tokens} (--tokens) so batch >= 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1; got {args.rounds}")
     for hdim in args.hdims:
         if hdim <= 0 or args.model_dim % hdim:
             parser.error(f"hdim {hdim} must divide the model dim {args.model_dim}")
@@ -466,7 +490,12 @@ def main(argv=None):
     names = list(backends)
     torch.manual_seed(0)
     timer = make_timer(args.warmup_ms, args.rep_ms)
-    points = run_grid(args, backends, timer, notes)
+    rounds = []
+    for r in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {r + 1} of {args.rounds}", flush=True)
+        rounds.append(run_grid(args, backends, timer, notes))
+    points = merge_rounds(rounds)
     if args.json:
         write_json(args.json, args, env, names, points, notes)
     if args.plot:
