@@ -13,7 +13,9 @@ Timing is the median of triton.testing.do_bench (CUDA events if triton is missin
 backward is timed alone: the forward runs once, then only torch.autograd.grad is repeated.
 With --rounds N the whole grid runs N times and each number is the median over the rounds:
 a point's rounds are a grid apart in time, so a transient slowdown of the GPU (clocks, another
-tenant) moves one round, not the result.
+tenant) moves one round, not the result; each round starts each point with the next backend,
+since whoever runs first after the setup meets a different clock and power state (the H200
+idles at 345 MHz and runs into its 700 W cap within a second of load).
 FLOPs: forward 4 * batch * heads * seqlen^2 * hdim, halved when causal; backward 2.5x that.
 
 Run:
@@ -215,14 +217,18 @@ def time_backend(backend, qkv, causal, direction, timer):
         return timer(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True))
 
 
-def run_point(backends, shape, causal, direction, dtype, timer, notes):
-    """Times every backend at one point; returns {name: TFLOP/s or None}."""
+def run_point(backends, shape, causal, direction, dtype, timer, notes, first=0):
+    """Times every backend at one point, starting with backend number `first` (the GPU's clock
+    and power state after setup favour or penalise whoever runs first, so rounds rotate the
+    order); returns {name: TFLOP/s or None} in the backends' order."""
     batch, seqlen, heads, hdim = shape
     qkv = [torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3)]
     flops = attention_flops(batch, heads, seqlen, hdim, causal, direction)
-    tflops = {}
-    for name, backend in backends.items():
-        tflops[name] = None
+    tflops = {name: None for name in backends}
+    names = list(backends)
+    first %= max(1, len(names))
+    for name in names[first:] + names[:first]:
+        backend = backends[name]
         if backend is None:
             continue
         try:
@@ -240,7 +246,7 @@ def run_point(backends, shape, causal, direction, dtype, timer, notes):
     return tflops
 
 
-def run_grid(args, backends, timer, notes):
+def run_grid(args, backends, timer, notes, first=0):
     """Runs every (direction, hdim, causal, seqlen) point; returns a list of Points."""
     points = []
     for direction in args.directions:
@@ -250,7 +256,7 @@ def run_grid(args, backends, timer, notes):
                     batch, heads = args.tokens // seqlen, args.model_dim // hdim
                     shape = (batch, seqlen, heads, hdim)
                     tflops = run_point(backends, shape, causal, direction, args.dtype,
-                                       timer, notes)
+                                       timer, notes, first)
                     point = Point(direction, hdim, causal, seqlen, batch, heads, tflops)
                     points.append(point)
                     print(f"{_row_label(point)}  " + "  ".join(
@@ -494,7 +500,7 @@ def main(argv=None):
     for r in range(args.rounds):
         if args.rounds > 1:
             print(f"round {r + 1} of {args.rounds}", flush=True)
-        rounds.append(run_grid(args, backends, timer, notes))
+        rounds.append(run_grid(args, backends, timer, notes, first=r))
     points = merge_rounds(rounds)
     if args.json:
         write_json(args.json, args, env, names, points, notes)
