@@ -134,7 +134,7 @@ void check_launch(cudaError_t err, const char* direction, int head_dim) {
               num(head_dim), " failed to launch: ", cudaGetErrorString(err),
               err == cudaErrorInvalidValue
                   ? " (its tile needs more shared memory per block than this GPU offers; GPUs "
-                    "of compute capability 8.6 / 8.9 have 99 KB)"
+                    "of compute capability 8.6, 8.9 and 12.x have 99 KB)"
                   : "");
 }
 

@@ -164,7 +164,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
   // The second kernel: dQ (q's dtype and layout) from the accumulator, one block of kThreads
   // per query tile; rows past the used queries get zeros.
   struct ConvertStorage {
-    Element dq[kBlockM * PaddedRows<kHeadDim>::kPitch];
+    alignas(16) Element dq[kBlockM * PaddedRows<kHeadDim>::kPitch];
   };
   static __device__ void convert_dq(const BwdParams& p, ConvertStorage& smem);
 };

@@ -40,8 +40,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
   // The README promises the forward on sm86/sm89 for every head dim but 161-192.
-  static_assert(Config::kMinArch >= 90 || kHeadDim == 192 || kSmemBytes <= kMaxSmemBytesSm86,
-                "the sm80 table must fit the 99 KB of an sm86/sm89 block");
+  static_assert(kHeadDim == 192 || kSmemBytes <= kMaxSmemBytesSm86,
+                "the tile config must fit the 99 KB of an sm86/sm89/sm120 block");
 
   // Per-thread state of the online softmax for its 2 * kMTiles rows.
   struct RowState {

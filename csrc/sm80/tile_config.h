@@ -7,7 +7,8 @@ namespace flash_cuda::sm80 {
 
 // The most dynamic shared memory one block may opt in to: sm80 (A100) 163 KB; sm86/sm89 99 KB,
 // where every backward entry and the forward at head dims 161-192 fail with a clear launch
-// error; sm90 and sm100 227 KB (sm120 has 99 KB again).
+// error; sm90 and sm100 227 KB; sm120 99 KB again, and it runs code compiled for sm90 (the
+// default build's PTX), so that code must not assume more than 99 KB where sm86 cannot.
 constexpr int kMaxSmemBytesSm80 = 163 * 1024;
 constexpr int kMaxSmemBytesSm86 = 99 * 1024;
 constexpr int kMaxSmemBytesSm90 = 227 * 1024;
@@ -15,40 +16,34 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 // Forward: kBlockM query rows per block, kBlockN keys per step, each warp owns kBlockM/kNWarps
 // rows.  The binding resource is registers: a thread holds (rows per warp) x (kHeadDim + kBlockN)
 // / 32 fp32 accumulators for O and S.  kCopyRows: the tiles use the CopyRows layout (+1-5%,
-// entry 15 of benchmarks/NOTES.md) rather than 16-byte padding.  Two tables, like the
-// backward's (see there): sm80-sm89 and sm90+.
-struct FwdTableSm80 {
-  static constexpr int kMinArch = 80, kEndArch = 90, kMaxSmemBytes = kMaxSmemBytesSm80;
+// entry 15 of benchmarks/NOTES.md) rather than 16-byte padding.  One table for every arch: a
+// second one for sm90 (hdim 256 in CopyRows, 102 KB, +1.4%) would also run on sm120, whose
+// blocks have 99 KB.
+struct FwdTable {
+  static constexpr int kMinArch = 80, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm80;
 };
 template <int kHeadDim> struct FwdTileConfig;
-template <> struct FwdTileConfig<64> : FwdTableSm80 {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
+template <> struct FwdTileConfig<64> : FwdTable {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<96> : FwdTableSm80 {  // O 96 + S 64 regs
+template <> struct FwdTileConfig<96> : FwdTable {  // O 96 + S 64 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<128>
-    : FwdTableSm80 {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
+template <> struct FwdTileConfig<128> : FwdTable {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<192> : FwdTableSm80 {  // 16 rows per warp: O 96 + S 32 regs
+template <> struct FwdTileConfig<192> : FwdTable {  // 16 rows per warp: O 96 + S 32 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
   static constexpr bool kCopyRows = true;
 };
 template <> struct FwdTileConfig<256>
-    : FwdTableSm80 {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
+    : FwdTable {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
   // Padded rows: 99 KB exactly, which sm86/sm89 allow; CopyRows would need 102 KB.
   static constexpr bool kCopyRows = false;
-};
-
-// sm90 and later: the same tiles, all in CopyRows (hdim 256 has the shared memory for it).
-template <int kHeadDim> struct FwdTileConfigSm90 : FwdTileConfig<kHeadDim> {
-  static constexpr bool kCopyRows = true;
-  static constexpr int kMinArch = 90, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm90;
 };
 
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
