@@ -332,14 +332,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
 
 template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
     fwd_kernel(const __grid_constant__ FwdParams params) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (compiled_here<typename Kernel::Config>()) {
-    extern __shared__ __align__(16) char smem_buf[];
-    Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
-  } else {
-    __trap();
-  }
-#endif
+  extern __shared__ __align__(16) char smem_buf[];
+  Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
 }
 
 }  // namespace flash_cuda::sm80

@@ -20,7 +20,7 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 // second one for sm90 (hdim 256 in CopyRows, 102 KB, +1.4%) would also run on sm120, whose
 // blocks have 99 KB.
 struct FwdTable {
-  static constexpr int kMinArch = 80, kEndArch = 1000, kMaxSmemBytes = kMaxSmemBytesSm80;
+  static constexpr int kMaxSmemBytes = kMaxSmemBytesSm80;
 };
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> : FwdTable {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
