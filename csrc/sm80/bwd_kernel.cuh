@@ -117,29 +117,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
       cp_async_4(&smem.dot_do_o[m % 2][i], t.dot + (m0 + i < len_q ? m0 + i : 0), m0 + i < len_q);
   }
 
-  // Masks S outside each row's visible keys; the range is computed once per row.
-  static __device__ __forceinline__ void apply_mask(float (&s)[kSdpM / 16][kSdpN / 8][4],
-                                                    const MaskInfo& mask, int row0, int col0,
-                                                    int lane) {
-    const int col_base = col0 + (lane % 4) * 2;
-#pragma unroll
-    for (int mt = 0; mt < kSdpM / 16; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        int lo, hi;
-        mask.visible_keys(row0 + mt * 16 + lane / 4 + r * 8, lo, hi);
-        lo -= col_base;
-        hi -= col_base;
-#pragma unroll
-        for (int nt = 0; nt < kSdpN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = nt * 8 + e;
-            if (c < lo || c >= hi) s[mt][nt][2 * r + e] = -INFINITY;
-          }
-      }
-  }
-
   // Writes one warp's m16n8 accumulator tiles to a padded (rows, kBlockN) smem tile as 16 bits.
   static __device__ __forceinline__ void store_tile(Element* dst,
                                                     const float (&x)[kSdpM / 16][kSdpN / 8][4],

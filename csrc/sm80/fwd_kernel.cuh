@@ -11,6 +11,7 @@
 #include "common/seqlen_info.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/tile_config.h"
+#include "sm80/warp_gemm.cuh"
 
 namespace flash_cuda::sm80 {
 
@@ -121,30 +122,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       }
   }
 
-  // Masks S outside each row's visible key range; the range is computed once per row so the
-  // per-element test is one compare against compile-time column offsets.
-  static __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4],
-                                                    const MaskInfo& mask, int row0, int col0,
-                                                    int lane) {
-    const int col_base = col0 + (lane % 4) * 2;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        int lo, hi;
-        mask.visible_keys(row0 + mt * 16 + lane / 4 + r * 8, lo, hi);
-        lo -= col_base;
-        hi -= col_base;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = nt * 8 + e;
-            if (c < lo || c >= hi) s[mt][nt][2 * r + e] = -INFINITY;
-          }
-      }
-  }
-
   // Online softmax step: new running max, rescale of the old sum and O, S -> P in place.
   // Rescaling O costs kDTiles * 4 multiplies per row; once the running max has settled (most
   // key tiles of a long row) no row of the warp changes it and the warp skips the rescale.
@@ -229,11 +206,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
 
   float o[kMTiles][kDTiles][4];
   RowState st;
+  zero(o);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-      o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
     st.max[mt][0] = st.max[mt][1] = -INFINITY;
     st.sum[mt][0] = st.sum[mt][1] = 0.f;
   }
@@ -259,11 +234,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
       cp_async_commit();
 
       float s[kMTiles][kNTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+      zero(s);
       gemm_qk(s, smem.q, smem.k, warp_row0, lane);
       if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
         apply_mask(s, mask, m0 + warp_row0, n0, lane);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/ptx.cuh"
+#include "common/seqlen_info.cuh"
 
 namespace flash_cuda::sm80 {
 
@@ -120,6 +121,31 @@ __device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
       acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+}
+
+// Sets to -inf the elements of a warp's m16n8 accumulator tiles (rows from row0, keys from
+// col0) that `mask` hides.  Each row's visible key range is computed once, so the test per
+// element is one compare against compile-time column offsets.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], const MaskInfo& mask,
+                                           int row0, int col0, int lane) {
+  const int col_base = col0 + (lane % 4) * 2;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int lo, hi;
+      mask.visible_keys(row0 + mt * 16 + lane / 4 + r * 8, lo, hi);
+      lo -= col_base;
+      hi -= col_base;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * 8 + e;
+          if (c < lo || c >= hi) s[mt][nt][2 * r + e] = -INFINITY;
+        }
+    }
 }
 
 }  // namespace flash_cuda::sm80
