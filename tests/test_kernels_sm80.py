@@ -315,3 +315,51 @@ def test_huge_window_is_no_window():
     q, k, v = make((1, 100, 2, d), dtype), make((1, 3, 2, d), dtype), make((1, 3, 2, d), dtype)
     ref = flash_attn_func(q, k, v)
     assert torch.equal(flash_attn_func(q, k, v, window_size=(2**31 - 1, 2**40)), ref)
+
+
+# Run in a child process with FLASH_CUDA_SMEM_LIMIT_KB=99, which makes the launcher treat this
+# GPU as one with 99 KB of shared memory per block (sm86 / sm89 / sm120).
+_SMALL_SMEM_CHILD = """
+import math, sys, torch
+sys.path.insert(0, sys.argv[1])
+import test_kernels_sm80 as t
+from flash_cuda import flash_attn_func
+for (sq, sk), window, causal in [((113, 203), (-1, -1), False), ((1000, 512), (-1, -1), True),
+                                 ((512, 1000), (17, 5), False), ((17, 17), (-1, 3), True)]:
+    for dtype in t.DTYPES:
+        q = t.make((2, sq, 4, 256), dtype)
+        k, v = (t.make((2, sk, 2, 256), dtype) for _ in range(2))
+        scale = 1 / 16
+
+        def ours(q_, k_, v_):
+            return flash_attn_func(q_, k_, v_, softmax_scale=scale, causal=causal,
+                                   window_size=window, return_attn_probs=True)
+
+        t.run_and_check(q, k, v, ours, dict(softmax_scale=scale, causal=causal,
+                                            window_left=window[0], window_right=window[1]),
+                        check_grad=False)
+if "bwd" in t.build_info()["head_dims"] and 256 in t.build_info()["head_dims"]["bwd"]:
+    q = t.make((1, 64, 2, 256), t.DTYPES[0], True)
+    try:
+        flash_attn_func(q, q, q).sum().backward()
+    except RuntimeError as e:
+        assert "99 KB" in str(e), e
+    else:
+        raise AssertionError("the backward ran within 99 KB of shared memory per block")
+print("small-smem OK")
+"""
+
+
+@pytest.mark.fast
+def test_99kb_gpus_run_the_small_forward_tiles():
+    """Head dim 256's forward tile needs 112 KB; on GPUs with 99 KB per block the launcher runs
+    FwdTileConfigSmall instead, and the backward (which needs more) raises the clear error."""
+    import os
+    import subprocess
+    import sys
+    if 256 not in compiled_head_dims():
+        pytest.skip("head dim 256 is not compiled")
+    env = dict(os.environ, FLASH_CUDA_SMEM_LIMIT_KB="99")
+    child = subprocess.run([sys.executable, "-c", _SMALL_SMEM_CHILD, os.path.dirname(__file__)],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0 and "small-smem OK" in child.stdout, child.stderr[-3000:]

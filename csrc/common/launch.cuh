@@ -4,7 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <cstdlib>
 
 namespace flash_cuda {
 
@@ -13,12 +16,33 @@ inline unsigned tiles(int64_t rows, int tile) {
   return static_cast<unsigned>((rows + tile - 1) / tile);
 }
 
+// The dynamic shared memory a block may opt in to on the current device, in bytes.  The
+// environment variable FLASH_CUDA_SMEM_LIMIT_KB (read once) lowers it, so that a GPU can stand
+// in for one with less shared memory: the tiles chosen and the launches refused are that GPU's.
+inline cudaError_t max_smem_per_block(int* bytes) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  static const int cap_bytes = [] {
+    const char* kb = std::getenv("FLASH_CUDA_SMEM_LIMIT_KB");
+    return kb != nullptr && std::atoi(kb) > 0 ? std::atoi(kb) * 1024 : INT_MAX;
+  }();
+  *bytes = std::min(*bytes, cap_bytes);
+  return err;
+}
+
 template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim3 grid, int threads,
                                                      int smem_bytes, cudaStream_t stream,
                                                      const Params& params) {
-  // Past 48 KB a kernel must opt in to more dynamic shared memory.
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  // Past 48 KB a kernel must opt in to more dynamic shared memory; past the (possibly lowered)
+  // limit the opt-in fails the way it does on a GPU that has less.
+  int limit = 0;
+  cudaError_t err = max_smem_per_block(&limit);
+  if (err != cudaSuccess) return err;
+  if (smem_bytes > limit) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;  // nothing to do
   kernel<<<grid, threads, smem_bytes, stream>>>(params);

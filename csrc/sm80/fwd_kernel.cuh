@@ -23,26 +23,48 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kNWarps = Config::kNWarps;
   static constexpr int kThreads = kNWarps * 32;
-  static constexpr int kWarpRows = kBlockM / kNWarps;
+  // The warps form a kWarpsM x kWarpsN grid: warp (wm, wn) owns rows [wm * kWarpRows, +kWarpRows)
+  // and, of them, the keys [wn * kWarpKeys, +kWarpKeys) of S and the head dims [wn * kWarpDims,
+  // +kWarpDims) of O.  With kWarpsN = 2 the two warps of a row range trade their row maxima,
+  // row sums and P halves through shared memory (RowExchange).
+  static constexpr int kWarpsN = Config::kWarpsN;
+  static constexpr int kWarpsM = kNWarps / kWarpsN;
+  static constexpr int kWarpRows = kBlockM / kWarpsM;
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;
+  static constexpr int kWarpDims = kHeadDim / kWarpsN;
   static constexpr int kMTiles = kWarpRows / 16;  // m16 MMA tiles per warp
-  static constexpr int kNTiles = kBlockN / 8;     // n8 tiles of S per warp
-  static constexpr int kDTiles = kHeadDim / 8;    // n8 tiles of O per warp
+  static constexpr int kNTiles = kWarpKeys / 8;   // n8 tiles of S per warp
+  static constexpr int kDTiles = kWarpDims / 8;   // n8 tiles of O per warp
+  static constexpr int kPvSteps = kWarpKeys / 16; // k16 steps of P.V per key range
   using Rows = std::conditional_t<Config::kCopyRows, CopyRows<kHeadDim>, PaddedRows<kHeadDim>>;
+  using PRows = PaddedRows<kBlockN>;
   static constexpr int kPitch = Rows::kPitch;
+  static_assert(kWarpsN == 1 || kWarpsN == 2, "a row range is split between at most two warps");
+  static_assert(kNWarps % kWarpsN == 0 && kBlockM % kWarpsM == 0, "whole warp grid");
   static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
-  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "MMA k-steps are 16 wide");
+  static_assert(kWarpDims % 16 == 0 && kWarpKeys % 16 == 0, "MMA k-steps are 16 wide");
 
+  // What the two warps of a row range trade (kWarpsN = 2): P in (kBlockM, kBlockN) PRows, each
+  // warp writing its own keys' columns; per row, each warp's maximum of the scores of its keys
+  // and, at the end, each warp's row sum.  Empty for kWarpsN = 1.
+  template <int kSplit, int = 0> struct RowExchange {
+    Element p[kBlockM * PRows::kPitch];  // (kBlockM, kBlockN) PRows
+    float max[kSplit][kBlockM];
+    float sum[kSplit][kBlockM];
+  };
+  template <int kUnused> struct RowExchange<1, kUnused> {};
   // O is staged through q's buffer in the epilogue (each warp rewrites only its own rows).
-  struct SharedStorage {
-    Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) Rows
-    Element k[kBlockN * kPitch];  // (kBlockN, kHeadDim) Rows
-    Element v[kBlockN * kPitch];  // (kBlockN, kHeadDim) Rows
+  struct SharedStorage : RowExchange<kWarpsN> {
+    alignas(16) Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) Rows
+    Element k[kBlockN * kPitch];              // (kBlockN, kHeadDim) Rows
+    Element v[kBlockN * kPitch];              // (kBlockN, kHeadDim) Rows
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
   // The README promises the forward on sm86/sm89 for every head dim but 161-192.
-  static_assert(kHeadDim == 192 || kSmemBytes <= kMaxSmemBytesSm86,
-                "the tile config must fit the 99 KB of an sm86/sm89/sm120 block");
+  static_assert(kHeadDim == 192 || kSmemBytes <= kMaxSmemBytesSm86 || Config::kHasSmallTile,
+                "the tile config must fit the 99 KB of an sm86/sm89/sm120 block, or name a "
+                "config that does");
 
   // Per-thread state of the online softmax for its 2 * kMTiles rows.
   struct RowState {
@@ -84,13 +106,14 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     }
   }
 
-  // o[mt][dt] += P . V.  P arrives packed to 16 bits in the A-operand layout (see pack_p).
+  // o[mt][dt] += P . V over one warp's key range: P arrives packed to 16 bits in the A-operand
+  // layout (see pack_p); sv points at V's row of the range's first key and the warp's first dim.
   static __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4],
-                                                 const uint32_t (&p)[kMTiles][kBlockN / 16][4],
+                                                 const uint32_t (&p)[kMTiles][kPvSteps][4],
                                                  const Element* sv, int lane) {
     const int swap = Rows::lane_chunk_swap(lane);  // every row here is lane mod 8
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    for (int kk = 0; kk < kPvSteps; ++kk) {
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         // V is (key, dim) in smem; .trans hands each thread the key pair the B operand needs.
@@ -109,12 +132,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   // The m16n8 accumulator layout of two adjacent n8 tiles is exactly the m16k16 A-operand
   // layout, so P goes from the S accumulators to the PV MMA without leaving registers; packing
   // right after the softmax frees the fp32 copy early (it is what keeps kBlockN = 64 unspilled).
-  static __device__ __forceinline__ void pack_p(uint32_t (&p)[kMTiles][kBlockN / 16][4],
+  static __device__ __forceinline__ void pack_p(uint32_t (&p)[kMTiles][kPvSteps][4],
                                                 const float (&s)[kMTiles][kNTiles][4]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < kPvSteps; ++kk) {
         p[mt][kk][0] = pack2<Element>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
         p[mt][kk][1] = pack2<Element>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
         p[mt][kk][2] = pack2<Element>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
@@ -122,12 +145,33 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       }
   }
 
+  // Each row's maximum over the running max and this warp's keys of s (the four threads of a
+  // quad hold the same row).
+  static __device__ __forceinline__ void row_max(const float (&s)[kMTiles][kNTiles][4],
+                                                 const RowState& st, float (&mx)[kMTiles][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[mt][r] = st.max[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          mx[mt][r] = fmaxf(mx[mt][r], fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        }
+        mx[mt][r] = fmaxf(mx[mt][r], __shfl_xor_sync(0xffffffff, mx[mt][r], 1));
+        mx[mt][r] = fmaxf(mx[mt][r], __shfl_xor_sync(0xffffffff, mx[mt][r], 2));
+      }
+  }
+
   // Online softmax step: new running max, rescale of the old sum and O, S -> P in place.
   // Rescaling O costs kDTiles * 4 multiplies per row; once the running max has settled (most
   // key tiles of a long row) no row of the warp changes it and the warp skips the rescale.
+  // With kWarpsN = 1 the step finds the row maxima itself; otherwise `row_max_all` holds them
+  // over all the block's keys (row_max of both warps of the row range).
   static __device__ __forceinline__ void softmax_step(float (&s)[kMTiles][kNTiles][4],
                                                       float (&o)[kMTiles][kDTiles][4], RowState& st,
-                                                      float scale_log2) {
+                                                      float scale_log2,
+                                                      const float (&row_max_all)[kMTiles][2]) {
     float correction[kMTiles][2];
     bool any_change = false;
 #pragma unroll
@@ -135,13 +179,17 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float mx = st.max[mt][r];
+        if constexpr (kWarpsN == 1) {
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          }
+          // The four threads of a quad hold the same row.
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        } else {
+          mx = row_max_all[mt][r];
         }
-        // The four threads of a quad hold the same row.
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         // A fully masked row so far keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
         const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
         any_change |= mx != st.max[mt][r];
@@ -171,6 +219,58 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     }
   }
 
+  // The row exchange of kWarpsN = 2.  Rows of a warp's accumulators: warp_row0 + mt * 16 +
+  // lane / 4 + r * 8; the quad's first lane speaks for the row.
+  static __device__ __forceinline__ void share_rows(float* rows, const float (&v)[kMTiles][2],
+                                                    int warp_row0, int lane) {
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rows[warp_row0 + mt * 16 + lane / 4 + r * 8] = v[mt][r];
+    }
+  }
+  template <class Op>
+  static __device__ __forceinline__ void combine_rows(float (&v)[kMTiles][2], const float* rows,
+                                                      int warp_row0, int lane, Op op) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) v[mt][r] = op(v[mt][r], rows[warp_row0 + mt * 16 + lane / 4 + r * 8]);
+  }
+  // Writes this warp's packed P (its rows, keys from key0) into the (kBlockM, kBlockN) P tile;
+  // load_p reads such a range back in the same A-operand layout.
+  static __device__ __forceinline__ void store_p(Element* sp,
+                                                 const uint32_t (&pk)[kMTiles][kPvSteps][4],
+                                                 int warp_row0, int key0, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk) {
+        Element* dst = sp + PRows::offset(warp_row0 + mt * 16 + lane / 4, key0 + kk * 16 + (lane % 4) * 2);
+        *reinterpret_cast<uint32_t*>(dst) = pk[mt][kk][0];
+        *reinterpret_cast<uint32_t*>(dst + 8 * PRows::kPitch) = pk[mt][kk][1];
+        *reinterpret_cast<uint32_t*>(dst + 8) = pk[mt][kk][2];
+        *reinterpret_cast<uint32_t*>(dst + 8 * PRows::kPitch + 8) = pk[mt][kk][3];
+      }
+  }
+  static __device__ __forceinline__ void load_p(uint32_t (&pk)[kMTiles][kPvSteps][4],
+                                                const Element* sp, int warp_row0, int key0,
+                                                int lane) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk) {
+        // Matrices: rows 0-7 | 8-15 x keys 0-7, then rows 0-7 | 8-15 x keys 8-15: pack_p's order.
+        ldmatrix_x4(pk[mt][kk], sp + PRows::offset(warp_row0 + mt * 16 + lane % 16,
+                                                   key0 + kk * 16 + (lane / 16) * 8));
+      }
+  }
+  // The two warps of row range `warp_m` wait for each other (barrier 0 is __syncthreads').
+  static __device__ __forceinline__ void pair_barrier(int warp_m) {
+    named_barrier_sync(1 + warp_m, kWarpsN * 32);
+  }
+
   static __device__ void run(const FwdParams& p, SharedStorage& smem);
   static __device__ void epilogue(const FwdParams& p, SharedStorage& smem,
                                   float (&o)[kMTiles][kDTiles][4], RowState& st,
@@ -191,7 +291,10 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
   const int head_kv = head / (p.heads_q / p.heads_kv);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int warp_row0 = warp * kWarpRows;
+  const int warp_n = warp % kWarpsN;
+  const int warp_row0 = warp / kWarpsN * kWarpRows;
+  const int key0 = warp_n * kWarpKeys;  // this warp's keys within a key tile
+  const int dim0 = warp_n * kWarpDims;  // and its head dims of O
   const MaskInfo mask(sq.len, sk.len, p.window_left, p.window_right);
   int n_begin, n_end;
   mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
@@ -224,23 +327,45 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
         smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride, p.k.row_stride, sk.len - n * kBlockN,
         p.head_dim);
     cp_async_commit();
+    if constexpr (Config::kPrologueV) {
+      // The first V tile too, in its own commit group: the first iteration, which has no
+      // earlier P.V to hide a copy behind, then waits for it only after its Q.K^T.
+      load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
+          smem.v, gv + int64_t(n) * kBlockN * p.v.row_stride, p.v.row_stride,
+          sk.len - n * kBlockN, p.head_dim);
+      cp_async_commit();
+    }
     for (; n >= n_begin; --n) {
       const int n0 = n * kBlockN;
+      const bool v_loaded = Config::kPrologueV && n == n_end - 1;
       // K[n] (and Q) landed; every warp is done with V[n+1], so V[n] may overwrite it.
-      cp_async_wait<0>();
+      if (v_loaded) {
+        cp_async_wait<1>();  // all but the first V tile
+      } else {
+        cp_async_wait<0>();
+      }
       __syncthreads();
-      load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(smem.v, gv + int64_t(n0) * p.v.row_stride,
-                                                         p.v.row_stride, sk.len - n0, p.head_dim);
-      cp_async_commit();
+      if (!v_loaded) {
+        load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
+            smem.v, gv + int64_t(n0) * p.v.row_stride, p.v.row_stride, sk.len - n0, p.head_dim);
+        cp_async_commit();
+      }
 
       float s[kMTiles][kNTiles][4];
       zero(s);
-      gemm_qk(s, smem.q, smem.k, warp_row0, lane);
+      gemm_qk(s, smem.q, smem.k + key0 * kPitch, warp_row0, lane);
       if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
-        apply_mask(s, mask, m0 + warp_row0, n0, lane);
+        apply_mask(s, mask, m0 + warp_row0, n0 + key0, lane);
+      }
+      float mx[kMTiles][2];
+      if constexpr (kWarpsN > 1) {
+        row_max(s, st, mx);
+        share_rows(smem.max[warp_n], mx, warp_row0, lane);
       }
       // V[n] landed; every warp is done reading K[n], so K[n-1] may overwrite it.  Issuing it
-      // before the softmax gives the copy the softmax and P.V to land in.
+      // before the softmax gives the copy the softmax and P.V to land in.  (The barrier also
+      // publishes the row maxima just shared: the partner reads them below and overwrites its
+      // own only after the next iteration's first barrier.)
       cp_async_wait<0>();
       __syncthreads();
       if (n > n_begin) {
@@ -249,10 +374,24 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
             sk.len - (n0 - kBlockN), p.head_dim);
         cp_async_commit();
       }
-      softmax_step(s, o, st, scale_log2);
-      uint32_t p_packed[kMTiles][kBlockN / 16][4];
+      if constexpr (kWarpsN > 1) combine_rows(mx, smem.max[warp_n ^ 1], warp_row0, lane,
+                                                [](float a, float b) { return fmaxf(a, b); });
+      softmax_step(s, o, st, scale_log2, mx);
+      uint32_t p_packed[kMTiles][kPvSteps][4];
       pack_p(p_packed, s);
-      gemm_pv(o, p_packed, smem.v, lane);
+      if constexpr (kWarpsN == 1) {
+        gemm_pv(o, p_packed, smem.v, lane);
+      } else {
+        // This warp's keys from registers, then the partner's from its P half.  smem.p is
+        // rewritten only after the next iteration's second barrier, when both warps are past
+        // these reads.
+        store_p(smem.p, p_packed, warp_row0, key0, lane);
+        gemm_pv(o, p_packed, smem.v + key0 * kPitch + dim0, lane);
+        pair_barrier(warp / kWarpsN);  // the partner's P half is written
+        const int partner_key0 = (warp_n ^ 1) * kWarpKeys;
+        load_p(p_packed, smem.p, warp_row0, partner_key0, lane);
+        gemm_pv(o, p_packed, smem.v + partner_key0 * kPitch + dim0, lane);
+      }
     }
   }
   epilogue(p, smem, o, st, sq, m0, head, batch);
@@ -266,24 +405,47 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
     const SeqlenInfo& sq, int m0, int head, int batch) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int warp_row0 = warp * kWarpRows;
+  const int warp_n = warp % kWarpsN;
+  const int warp_row0 = warp / kWarpsN * kWarpRows;
+  const int dim0 = warp_n * kWarpDims;
   float* lse = p.lse.ptr + batch * p.lse.batch_stride + head * p.lse.head_stride + sq.offset + m0;
   Element* so = smem.q;  // this warp's rows of the q tile are no longer read by anyone
+  if constexpr (kWarpsN > 1) {
+    // Each warp's sums cover its keys only: add the partner's (quad-reduced) row sums.
+    float sum[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[mt][r] = st.sum[mt][r];
+        sum[mt][r] += __shfl_xor_sync(0xffffffff, sum[mt][r], 1);
+        sum[mt][r] += __shfl_xor_sync(0xffffffff, sum[mt][r], 2);
+      }
+    share_rows(smem.sum[warp_n], sum, warp_row0, lane);
+    __syncthreads();  // both warps' sums are written
+    combine_rows(sum, smem.sum[warp_n ^ 1], warp_row0, lane, [](float a, float b) { return a + b; });
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) st.sum[mt][r] = sum[mt][r];
+  }
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float sum = st.sum[mt][r];
-      sum += __shfl_xor_sync(0xffffffff, sum, 1);
-      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      if constexpr (kWarpsN == 1) {
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      }
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int row = warp_row0 + mt * 16 + lane / 4 + r * 8;
-      if (lane % 4 == 0 && m0 + row < sq.extent) {
+      if (lane % 4 == 0 && warp_n == 0 && m0 + row < sq.extent) {
         lse[row] = sum > 0.f ? st.max[mt][r] * p.softmax_scale + logf(sum) : -INFINITY;
       }
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        *reinterpret_cast<uint32_t*>(so + Rows::offset(row, dt * 8 + (lane % 4) * 2)) =
+        *reinterpret_cast<uint32_t*>(so + Rows::offset(row, dim0 + dt * 8 + (lane % 4) * 2)) =
             pack2<Element>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       }
     }

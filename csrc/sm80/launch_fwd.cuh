@@ -10,12 +10,25 @@
 
 namespace flash_cuda::sm80 {
 
-template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Kernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;
+template <class Kernel> cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   const dim3 grid(tiles(params.seq_q.seqlen, Kernel::kBlockM), params.heads_q, params.batch);
   return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
                           params);
+}
+
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Kernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;
+  if constexpr (Kernel::Config::kHasSmallTile) {
+    // GPUs whose blocks cannot hold this head dim's tiles run the 99 KB ones.
+    using Small = FwdKernel<ElementTag, kHeadDim, FwdTileConfigSmall<kHeadDim>>;
+    static_assert(Small::kSmemBytes <= kMaxSmemBytesSm86, "the small tiles fit every GPU");
+    int smem_limit = 0;
+    const cudaError_t err = max_smem_per_block(&smem_limit);
+    if (err != cudaSuccess) return err;
+    if (smem_limit < Kernel::kSmemBytes) return launch_fwd<Small>(params, stream);
+  }
+  return launch_fwd<Kernel>(params, stream);
 }
 
 }  // namespace flash_cuda::sm80

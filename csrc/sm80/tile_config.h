@@ -13,14 +13,20 @@ constexpr int kMaxSmemBytesSm80 = 163 * 1024;
 constexpr int kMaxSmemBytesSm86 = 99 * 1024;
 constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 
-// Forward: kBlockM query rows per block, kBlockN keys per step, each warp owns kBlockM/kNWarps
-// rows.  The binding resource is registers: a thread holds (rows per warp) x (kHeadDim + kBlockN)
-// / 32 fp32 accumulators for O and S.  kCopyRows: the tiles use the CopyRows layout (+1-5%,
-// entry 15 of benchmarks/NOTES.md) rather than 16-byte padding.  One table for every arch: a
-// second one for sm90 (hdim 256 in CopyRows, 102 KB, +1.4%) would also run on sm120, whose
-// blocks have 99 KB.
+// Forward: kBlockM query rows per block, kBlockN keys per step; the warps form kNWarps /
+// kWarpsN row ranges, and the kWarpsN warps of a range split its keys (S) and head dims (O).
+// The binding resources are registers, a thread holding (rows per warp) x (kHeadDim + kBlockN)
+// / (32 kWarpsN) fp32 accumulators for O and S, and at 16 rows per warp the shared-memory
+// bandwidth of the ldmatrix loads, which kWarpsN = 2 cuts by a third (32-row warps).
+// kCopyRows: the tiles use the CopyRows layout (+1-5%, entry 15 of benchmarks/NOTES.md) rather
+// than 16-byte padding.  kPrologueV: the prologue loads the first V tile with Q and K.  An entry
+// that needs more than the 99 KB of an sm86/sm89/sm120 block names a FwdTileConfigSmall
+// (kHasSmallTile), which the launcher runs on those GPUs.
 struct FwdTable {
   static constexpr int kMaxSmemBytes = kMaxSmemBytesSm80;
+  static constexpr int kWarpsN = 1;
+  static constexpr bool kPrologueV = true;
+  static constexpr bool kHasSmallTile = false;
 };
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> : FwdTable {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
@@ -34,16 +40,28 @@ template <> struct FwdTileConfig<96> : FwdTable {  // O 96 + S 64 regs
 template <> struct FwdTileConfig<128> : FwdTable {  // O 128 + S 64 regs; kBlockN = 32: 7% slower
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
+  static constexpr bool kPrologueV = false;  // 0-3% slower with it (NOTES entry 26)
 };
 template <> struct FwdTileConfig<192> : FwdTable {  // 16 rows per warp: O 96 + S 32 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
   static constexpr bool kCopyRows = true;
 };
-template <> struct FwdTileConfig<256>
-    : FwdTable {  // 16 rows/warp, 2 blocks/SM; 8 warps x 128 rows: -17%
+// 2 x 2 warps of 32 rows x (32 keys of S | 128 dims of O): O 128 + S 32 regs; 112 KB, 2 blocks
+// per SM on sm90.  4 x 1 warps of 16 rows: -6%; 128 rows, 4 x 2 warps, 1 block/SM: -10%.
+template <> struct FwdTileConfig<256> : FwdTable {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
-  // Padded rows: 99 KB exactly, which sm86/sm89 allow; CopyRows would need 102 KB.
-  static constexpr bool kCopyRows = false;
+  static constexpr int kWarpsN = 2;
+  static constexpr bool kCopyRows = true;
+  static constexpr bool kHasSmallTile = true;
+};
+
+// The forward's tiles on GPUs whose blocks have 99 KB of shared memory (sm86, sm89, sm120), for
+// the head dims whose FwdTileConfig needs more (kHasSmallTile); the launcher picks by the
+// device's limit.
+template <int kHeadDim> struct FwdTileConfigSmall;
+template <> struct FwdTileConfigSmall<256> : FwdTable {  // 16 rows/warp, no exchange: 99 KB
+  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
+  static constexpr bool kCopyRows = false;  // CopyRows would need 102 KB
 };
 
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
