@@ -19,6 +19,8 @@ inline unsigned tiles(int64_t rows, int tile) {
 // The dynamic shared memory a block may opt in to on the current device, in bytes.  The
 // environment variable FLASH_CUDA_SMEM_LIMIT_KB (read once) lowers it, so that a GPU can stand
 // in for one with less shared memory: the tiles chosen and the launches refused are that GPU's.
+// Every GPU the kernels run on offers at least 48 KB (what a block gets without opting in), so
+// the variable cannot go below that; a value that is not a number of KB is ignored.
 inline cudaError_t max_smem_per_block(int* bytes) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -26,8 +28,12 @@ inline cudaError_t max_smem_per_block(int* bytes) {
     err = cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
   static const int cap_bytes = [] {
-    const char* kb = std::getenv("FLASH_CUDA_SMEM_LIMIT_KB");
-    return kb != nullptr && std::atoi(kb) > 0 ? std::atoi(kb) * 1024 : INT_MAX;
+    const char* text = std::getenv("FLASH_CUDA_SMEM_LIMIT_KB");
+    if (text == nullptr) return INT_MAX;
+    char* end = nullptr;
+    const long kb = std::strtol(text, &end, 10);
+    if (end == text || *end != '\0' || kb <= 0) return INT_MAX;
+    return static_cast<int>(std::clamp(kb, 48L, 1L << 20) * 1024);
   }();
   *bytes = std::min(*bytes, cap_bytes);
   return err;

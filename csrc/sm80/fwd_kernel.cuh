@@ -53,7 +53,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     float sum[kSplit][kBlockM];
   };
   template <int kUnused> struct RowExchange<1, kUnused> {};
-  // O is staged through q's buffer in the epilogue (each warp rewrites only its own rows).
+  // O is staged through q's buffer in the epilogue (each warp rewrites only its own rows and
+  // columns, after a barrier that every Q.K^T precedes).
   struct SharedStorage : RowExchange<kWarpsN> {
     alignas(16) Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) Rows
     Element k[kBlockN * kPitch];              // (kBlockN, kHeadDim) Rows
@@ -409,7 +410,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
   const int warp_row0 = warp / kWarpsN * kWarpRows;
   const int dim0 = warp_n * kWarpDims;
   float* lse = p.lse.ptr + batch * p.lse.batch_stride + head * p.lse.head_stride + sq.offset + m0;
-  Element* so = smem.q;  // this warp's rows of the q tile are no longer read by anyone
+  // The q tile is no longer read: every Q.K^T ended before the last iteration's second barrier.
+  Element* so = smem.q;
   if constexpr (kWarpsN > 1) {
     // Each warp's sums cover its keys only: add the partner's (quad-reduced) row sums.
     float sum[kMTiles][2];

@@ -19,9 +19,10 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 // / (32 kWarpsN) fp32 accumulators for O and S, and at 16 rows per warp the shared-memory
 // bandwidth of the ldmatrix loads, which kWarpsN = 2 cuts by a third (32-row warps).
 // kCopyRows: the tiles use the CopyRows layout (+1-5%, entry 15 of benchmarks/NOTES.md) rather
-// than 16-byte padding.  kPrologueV: the prologue loads the first V tile with Q and K.  An entry
-// that needs more than the 99 KB of an sm86/sm89/sm120 block names a FwdTileConfigSmall
-// (kHasSmallTile), which the launcher runs on those GPUs.
+// than 16-byte padding.  kPrologueV: the prologue loads the first V tile with Q and K (+0-5% at
+// hdims 64 and 256, entry 26; untimed at 96 and 192).  An entry that needs more than the 99 KB
+// of an sm86/sm89/sm120 block names a FwdTileConfigSmall (kHasSmallTile), which the launcher
+// runs on those GPUs.
 struct FwdTable {
   static constexpr int kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr int kWarpsN = 1;
