@@ -26,6 +26,25 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(src_bytes));
 }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// sm90+ bulk copies from shared to global memory (the async proxy).  The fence orders this
+// thread's ordinary shared-memory writes before such copies; a barrier then publishes them.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) in one bulk copy, committed
+// as its own group.
+__device__ __forceinline__ void bulk_store(void* gmem, const void* smem, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(smem_addr(smem)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk copies have read their shared-memory source.
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+#endif
 // 4-byte variant for per-row statistics (lse, rowsum(dO*O)); zero-filled when !valid.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 4 : 0;

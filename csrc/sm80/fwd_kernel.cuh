@@ -36,6 +36,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr int kNTiles = kWarpKeys / 8;   // n8 tiles of S per warp
   static constexpr int kDTiles = kWarpDims / 8;   // n8 tiles of O per warp
   static constexpr int kPvSteps = kWarpKeys / 16; // k16 steps of P.V per key range
+  // The epilogue's copy of O to global memory: one bulk copy per row (sm90+ code only).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static constexpr bool kBulkStore = Config::kBulkStoreO;
+#else
+  static constexpr bool kBulkStore = false;
+#endif
   using Rows = std::conditional_t<Config::kCopyRows, CopyRows<kHeadDim>, PaddedRows<kHeadDim>>;
   using PRows = PaddedRows<kBlockN>;
   static constexpr int kPitch = Rows::kPitch;
@@ -413,7 +419,11 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
   const int dim0 = warp_n * kWarpDims;
   float* lse = p.lse.ptr + batch * p.lse.batch_stride + head * p.lse.head_stride + sq.offset + m0;
   // The q tile is no longer read: every Q.K^T ended before the last iteration's second barrier.
+  // With kBulkStore each row of O leaves in one bulk copy, so rows are staged contiguous
+  // (PaddedRows: no chunk swap); otherwise the 16-byte copy-out below reads Rows.
   Element* so = smem.q;
+  using StageRows = std::conditional_t<kBulkStore, PaddedRows<kHeadDim>, Rows>;
+  static_assert(StageRows::kPitch <= kPitch, "the staged O fits q's buffer");
   if constexpr (kWarpsN > 1) {
     // Each warp's sums cover its keys only: add the partner's (quad-reduced) row sums.
     float sum[kMTiles][2];
@@ -449,13 +459,27 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
       }
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        *reinterpret_cast<uint32_t*>(so + Rows::offset(row, dim0 + dt * 8 + (lane % 4) * 2)) =
+        *reinterpret_cast<uint32_t*>(so + StageRows::offset(row, dim0 + dt * 8 + (lane % 4) * 2)) =
             pack2<Element>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       }
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kBulkStore) fence_proxy_async_smem();
+#endif
   __syncthreads();  // the copy-out below reads rows written by other warps
   Element* go = static_cast<Element*>(p.o.ptr) + batch * p.o.batch_stride +
                 int64_t(sq.offset + m0) * p.o.row_stride + head * p.o.head_stride;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kBulkStore) {
+    static_assert(kBlockM <= kThreads, "a thread per row");
+    if (threadIdx.x < kBlockM && m0 + int(threadIdx.x) < sq.extent) {
+      bulk_store(go + threadIdx.x * p.o.row_stride, so + StageRows::offset(threadIdx.x, 0),
+                 p.head_dim * int(sizeof(Element)));
+      bulk_wait_read();  // the block's shared memory must outlive the copy's reads
+    }
+    return;
+  }
+#endif
   constexpr int kChunksPerRow = kHeadDim / 8;
   for (int chunk = threadIdx.x; chunk < kBlockM * kChunksPerRow; chunk += kThreads) {
     const int row = chunk / kChunksPerRow;

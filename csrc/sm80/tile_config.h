@@ -20,7 +20,9 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 // bandwidth of the ldmatrix loads, which kWarpsN = 2 cuts by a third (32-row warps).
 // kCopyRows: the tiles use the CopyRows layout (+1-5%, entry 15 of benchmarks/NOTES.md) rather
 // than 16-byte padding.  kPrologueV: the prologue loads the first V tile with Q and K (+0-5% at
-// hdims 64 and 256, entry 26; untimed at 96 and 192).  An entry that needs more than the 99 KB
+// hdims 64 and 256, entry 26; untimed at 96 and 192).  kBulkStoreO: on sm90+ the epilogue copies
+// each row of O to global memory in one bulk copy (+0.5-1.4% at hdims 128 and 256, entry 33; at
+// hdim 64 it spills and loses 2.5%).  An entry that needs more than the 99 KB
 // of an sm86/sm89/sm120 block names a FwdTileConfigSmall (kHasSmallTile), which the launcher
 // runs on those GPUs.
 struct FwdTable {
@@ -28,6 +30,7 @@ struct FwdTable {
   static constexpr int kWarpsN = 1;
   static constexpr bool kPrologueV = true;
   static constexpr bool kHasSmallTile = false;
+  static constexpr bool kBulkStoreO = false;
 };
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> : FwdTable {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
@@ -42,6 +45,7 @@ template <> struct FwdTileConfig<128> : FwdTable {  // O 128 + S 64 regs; kBlock
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = true;
   static constexpr bool kPrologueV = false;  // 0-3% slower with it (NOTES entry 26)
+  static constexpr bool kBulkStoreO = true;  // +0.5% (NOTES entry 33)
 };
 template <> struct FwdTileConfig<192> : FwdTable {  // 16 rows per warp: O 96 + S 32 regs
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
@@ -54,6 +58,7 @@ template <> struct FwdTileConfig<256> : FwdTable {
   static constexpr int kWarpsN = 2;
   static constexpr bool kCopyRows = true;
   static constexpr bool kHasSmallTile = true;
+  static constexpr bool kBulkStoreO = true;  // +0-1.4%, most at short sequences (NOTES entry 33)
 };
 
 // The forward's tiles on GPUs whose blocks have 99 KB of shared memory (sm86, sm89, sm120), for
