@@ -464,6 +464,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
       }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The bulk copies read the staged rows through the async proxy: order this thread's stores
+  // before them (the barrier then covers every thread's).
   if constexpr (kBulkStore) fence_proxy_async_smem();
 #endif
   __syncthreads();  // the copy-out below reads rows written by other warps
