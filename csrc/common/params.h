@@ -47,6 +47,9 @@ struct FwdParams {
   float softmax_scale = 0.f;
   int window_left = -1;  // -1: unbounded; causal is window_right == 0
   int window_right = -1;
+  // The block order's heads per group, log2; set by the launcher (Note [Block order] in
+  // common/tile_order.cuh).
+  int block_shift = 0;
 };
 
 // Rows of the float32 dQ accumulator are allocated in whole tiles of this many rows (the

@@ -239,9 +239,11 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
                                                              SharedStorage& smem) {
   const FwdParams& f = p.fwd;
   Tile t;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  t.n0 = blockIdx.x * kBlockN;
+  // Rank 0 is the first key tile: with a causal mask the most query rows see it.
+  const BlockTile tile = block_tile(f.block_shift);
+  const int head = tile.head;
+  const int batch = tile.batch;
+  t.n0 = tile.rank * kBlockN;
   const int head_kv = head / (f.heads_q / f.heads_kv);
   const SeqlenInfo sq(f.seq_q, batch);
   const SeqlenInfo sk(f.seq_k, batch);

@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "common/ptx.cuh"
 #include "common/seqlen_info.cuh"
+#include "common/tile_order.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/tile_config.h"
 #include "sm80/warp_gemm.cuh"
@@ -32,10 +33,10 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr int kWarpRows = kBlockM / kWarpsM;
   static constexpr int kWarpKeys = kBlockN / kWarpsN;
   static constexpr int kWarpDims = kHeadDim / kWarpsN;
-  static constexpr int kMTiles = kWarpRows / 16;  // m16 MMA tiles per warp
-  static constexpr int kNTiles = kWarpKeys / 8;   // n8 tiles of S per warp
-  static constexpr int kDTiles = kWarpDims / 8;   // n8 tiles of O per warp
-  static constexpr int kPvSteps = kWarpKeys / 16; // k16 steps of P.V per key range
+  static constexpr int kMTiles = kWarpRows / 16;   // m16 MMA tiles per warp
+  static constexpr int kNTiles = kWarpKeys / 8;    // n8 tiles of S per warp
+  static constexpr int kDTiles = kWarpDims / 8;    // n8 tiles of O per warp
+  static constexpr int kPvSteps = kWarpKeys / 16;  // k16 steps of P.V per key range
   // The epilogue's copy of O to global memory: one bulk copy per row (sm90+ code only).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static constexpr bool kBulkStore = Config::kBulkStoreO;
@@ -245,7 +246,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) v[mt][r] = op(v[mt][r], rows[warp_row0 + mt * 16 + lane / 4 + r * 8]);
+      for (int r = 0; r < 2; ++r)
+        v[mt][r] = op(v[mt][r], rows[warp_row0 + mt * 16 + lane / 4 + r * 8]);
   }
   // Writes this warp's packed P (its rows, keys from key0) into the (kBlockM, kBlockN) P tile;
   // load_p reads such a range back in the same A-operand layout.
@@ -256,7 +258,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int kk = 0; kk < kPvSteps; ++kk) {
-        Element* dst = sp + PRows::offset(warp_row0 + mt * 16 + lane / 4, key0 + kk * 16 + (lane % 4) * 2);
+        Element* dst =
+            sp + PRows::offset(warp_row0 + mt * 16 + lane / 4, key0 + kk * 16 + (lane % 4) * 2);
         *reinterpret_cast<uint32_t*>(dst) = pk[mt][kk][0];
         *reinterpret_cast<uint32_t*>(dst + 8 * PRows::kPitch) = pk[mt][kk][1];
         *reinterpret_cast<uint32_t*>(dst + 8) = pk[mt][kk][2];
@@ -289,10 +292,11 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
 template <class ElementTag, int kHeadDim, class Config>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
                                                              SharedStorage& smem) {
-  // Largest-first order: with a causal mask the last query tiles have the most keys.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  // Rank 0 is the last query tile: with a causal mask it sees the most keys.
+  const BlockTile tile = block_tile(p.block_shift);
+  const int m_block = int(gridDim.x >> p.block_shift) - 1 - tile.rank;
+  const int head = tile.head;
+  const int batch = tile.batch;
   const SeqlenInfo sq(p.seq_q, batch);
   const SeqlenInfo sk(p.seq_k, batch);
   const int m0 = m_block * kBlockM;
@@ -340,8 +344,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
       // The first V tile too, in its own commit group: the first iteration, which has no
       // earlier P.V to hide a copy behind, then waits for it only after its Q.K^T.
       load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
-          smem.v, gv + int64_t(n) * kBlockN * p.v.row_stride, p.v.row_stride,
-          sk.len - n * kBlockN, p.head_dim);
+          smem.v, gv + int64_t(n) * kBlockN * p.v.row_stride, p.v.row_stride, sk.len - n * kBlockN,
+          p.head_dim);
       cp_async_commit();
     }
     for (; n >= n_begin; --n) {
@@ -383,8 +387,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
             sk.len - (n0 - kBlockN), p.head_dim);
         cp_async_commit();
       }
-      if constexpr (kWarpsN > 1) combine_rows(mx, smem.max[warp_n ^ 1], warp_row0, lane,
-                                                [](float a, float b) { return fmaxf(a, b); });
+      if constexpr (kWarpsN > 1)
+        combine_rows(mx, smem.max[warp_n ^ 1], warp_row0, lane,
+                     [](float a, float b) { return fmaxf(a, b); });
       softmax_step(s, o, st, scale_log2, mx);
       uint32_t p_packed[kMTiles][kPvSteps][4];
       pack_p(p_packed, s);
@@ -436,8 +441,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
         sum[mt][r] += __shfl_xor_sync(0xffffffff, sum[mt][r], 2);
       }
     share_rows(smem.sum[warp_n], sum, warp_row0, lane);
-    __syncthreads();  // both warps' sums are written
-    combine_rows(sum, smem.sum[warp_n ^ 1], warp_row0, lane, [](float a, float b) { return a + b; });
+    pair_barrier(warp / kWarpsN);  // the partner's sums are written
+    combine_rows(sum, smem.sum[warp_n ^ 1], warp_row0, lane,
+                 [](float a, float b) { return a + b; });
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -463,25 +469,30 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
             pack2<Element>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       }
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The bulk copies read the staged rows through the async proxy: order this thread's stores
-  // before them (the barrier then covers every thread's).
-  if constexpr (kBulkStore) fence_proxy_async_smem();
-#endif
-  __syncthreads();  // the copy-out below reads rows written by other warps
   Element* go = static_cast<Element*>(p.o.ptr) + batch * p.o.batch_stride +
                 int64_t(sq.offset + m0) * p.o.row_stride + head * p.o.head_stride;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kBulkStore) {
-    static_assert(kBlockM <= kThreads, "a thread per row");
-    if (threadIdx.x < kBlockM && m0 + int(threadIdx.x) < sq.extent) {
-      bulk_store(go + threadIdx.x * p.o.row_stride, so + StageRows::offset(threadIdx.x, 0),
+    // The warps of a row range staged its rows; the range's first warp copies them out, a lane
+    // per row.  The bulk copies read the rows through the async proxy: each thread orders its
+    // stores before them, and the barrier covers the range's threads.
+    static_assert(kWarpRows == 32, "a lane per row");
+    fence_proxy_async_smem();
+    if constexpr (kWarpsN > 1) {
+      pair_barrier(warp / kWarpsN);
+    } else {
+      __syncwarp();
+    }
+    const int row = warp_row0 + lane;
+    if (warp_n == 0 && m0 + row < sq.extent) {
+      bulk_store(go + row * p.o.row_stride, so + StageRows::offset(row, 0),
                  p.head_dim * int(sizeof(Element)));
       bulk_wait_read();  // the block's shared memory must outlive the copy's reads
     }
     return;
   }
 #endif
+  __syncthreads();  // the copy-out below reads rows written by other warps
   constexpr int kChunksPerRow = kHeadDim / 8;
   for (int chunk = threadIdx.x; chunk < kBlockM * kChunksPerRow; chunk += kThreads) {
     const int row = chunk / kChunksPerRow;

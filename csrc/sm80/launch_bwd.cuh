@@ -7,15 +7,23 @@
 
 #include "common/launch.cuh"
 #include "common/launch_api.h"
+#include "common/tile_order.cuh"
 #include "sm80/bwd_kernel.cuh"
 
 namespace flash_cuda::sm80 {
 
 template <class Kernel> cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
-  const dim3 grid(tiles(params.fwd.seq_k.seqlen, Kernel::kBlockN), params.fwd.heads_q,
-                  params.fwd.batch);
-  cudaError_t err = launch_with_smem(&bwd_kernel<Kernel>, grid, Kernel::kThreads,
-                                     Kernel::kSmemBytes, stream, params);
+  // The blocks of a (batch, head) read its Q and dO and add to its dQ accumulator.
+  const FwdParams& f = params.fwd;
+  const BlockOrder order(
+      tiles(f.seq_k.seqlen, Kernel::kBlockN), f.heads_q, f.batch,
+      f.window_left >= 0 || f.window_right >= 0,
+      int64_t(f.seq_q.seqlen) * f.head_dim * (2 * int64_t(sizeof(typename Kernel::Element)) + 4),
+      /*max_shift=*/3);
+  BwdParams p = params;
+  p.fwd.block_shift = order.shift;
+  cudaError_t err = launch_with_smem(&bwd_kernel<Kernel>, order.grid, Kernel::kThreads,
+                                     Kernel::kSmemBytes, stream, p);
   if (err != cudaSuccess) return err;
   const dim3 convert_grid(tiles(params.fwd.seq_q.seqlen, Kernel::kBlockM), params.fwd.heads_q,
                           params.fwd.batch);

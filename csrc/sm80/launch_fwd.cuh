@@ -6,14 +6,23 @@
 
 #include "common/launch.cuh"
 #include "common/launch_api.h"
+#include "common/tile_order.cuh"
 #include "sm80/fwd_kernel.cuh"
 
 namespace flash_cuda::sm80 {
 
 template <class Kernel> cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  const dim3 grid(tiles(params.seq_q.seqlen, Kernel::kBlockM), params.heads_q, params.batch);
-  return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
-                          params);
+  // The blocks of a (batch, head) read its K and V; at most 2 heads per group (Note [Block
+  // order]).
+  const BlockOrder order(tiles(params.seq_q.seqlen, Kernel::kBlockM), params.heads_q, params.batch,
+                         params.window_left >= 0 || params.window_right >= 0,
+                         2 * int64_t(params.seq_k.seqlen) * params.head_dim *
+                             int64_t(sizeof(typename Kernel::Element)),
+                         /*max_shift=*/1);
+  FwdParams p = params;
+  p.block_shift = order.shift;
+  return launch_with_smem(&fwd_kernel<Kernel>, order.grid, Kernel::kThreads, Kernel::kSmemBytes,
+                          stream, p);
 }
 
 template <class ElementTag, int kHeadDim>
