@@ -48,7 +48,7 @@ struct FwdParams {
   int window_left = -1;  // -1: unbounded; causal is window_right == 0
   int window_right = -1;
   // The block order's heads per group, log2; set by the launcher (Note [Block order] in
-  // common/tile_order.cuh).
+  // common/tile_order.cuh).  A launch detail: in BwdParams::fwd it orders the key tiles.
   int block_shift = 0;
 };
 

@@ -11,16 +11,18 @@
 //   last pair's heaviest tile starts when the others are almost done.
 // So with a mask the heads are taken in groups of 2^shift: the grid's x walks the tile ranks of
 // a group, each rank for every head of the group, and y the groups.  The heaviest tiles of the
-// group go first and its lightest fill the end.  A group reads 2^shift heads' K and V (or Q and
-// dO), which the launcher keeps within a third of L2.  Measured (benchmarks/NOTES.md entry 35):
-// causal forward +5% at seqlen 8k-16k, backward +2-6% at 1k-8k.  Groups of more than 2 heads
-// lost up to 2% in the forward at short sequences, so the forward takes at most 2, the backward
-// up to 8.  Without a mask the order is launch order: heads one after the other.
+// group go first and its lightest fill the end (rank 0 is the heaviest under a causal mask; a
+// window bounded only on the left reverses the weights, and then rank 0 is the lightest).  A
+// group's heads must divide the head count, and what they read (forward: K and V; backward: Q,
+// dO and the dQ accumulator; counted per query head, so a GQA group is overestimated) must fit
+// a third of L2.  Measured (benchmarks/NOTES.md entry 35): causal forward +5% at seqlen 8k-16k,
+// backward +2-6% at 1k-8k.  Groups of more than 2 heads lost up to 2.6% in the forward at
+// short sequences, so the forward takes at most 2, the backward up to 8.  Without a mask the
+// order is launch order: heads one after the other.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 namespace flash_cuda {
@@ -50,7 +52,8 @@ struct BlockOrder {
     int device = 0, l2_bytes = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
-      cudaGetLastError();  // the order is a hint: the launch reports real errors
+      // The order is a hint: clear the error; the launch repeats these calls and reports it.
+      cudaGetLastError();
       return;
     }
     const int64_t budget = int64_t(l2_bytes) / 3;

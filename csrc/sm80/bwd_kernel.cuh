@@ -10,6 +10,7 @@
 #include "common/params.h"
 #include "common/ptx.cuh"
 #include "common/seqlen_info.cuh"
+#include "common/tile_order.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/tile_config.h"
 #include "sm80/warp_gemm.cuh"
@@ -239,7 +240,8 @@ __device__ void BwdKernel<ElementTag, kHeadDim, Config>::run(const BwdParams& p,
                                                              SharedStorage& smem) {
   const FwdParams& f = p.fwd;
   Tile t;
-  // Rank 0 is the first key tile: with a causal mask the most query rows see it.
+  // Rank 0 is the first key tile: with a causal mask the most query rows see it (with a window
+  // bounded only on the left, the fewest).
   const BlockTile tile = block_tile(f.block_shift);
   const int head = tile.head;
   const int batch = tile.batch;

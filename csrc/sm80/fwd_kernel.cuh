@@ -292,7 +292,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
 template <class ElementTag, int kHeadDim, class Config>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
                                                              SharedStorage& smem) {
-  // Rank 0 is the last query tile: with a causal mask it sees the most keys.
+  // Rank 0 is the last query tile: with a causal mask it sees the most keys (with a window
+  // bounded only on the left, the fewest).
   const BlockTile tile = block_tile(p.block_shift);
   const int m_block = int(gridDim.x >> p.block_shift) - 1 - tile.rank;
   const int head = tile.head;
@@ -476,12 +477,12 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
     // The warps of a row range staged its rows; the range's first warp copies them out, a lane
     // per row.  The bulk copies read the rows through the async proxy: each thread orders its
     // stores before them, and the barrier covers the range's threads.
-    static_assert(kWarpRows == 32, "a lane per row");
+    static_assert(kWarpRows == 32, "Each lane copies one row, so a warp must own 32 rows.");
     fence_proxy_async_smem();
     if constexpr (kWarpsN > 1) {
-      pair_barrier(warp / kWarpsN);
+      pair_barrier(warp / kWarpsN);  // the range's rows are staged and fenced
     } else {
-      __syncwarp();
+      __syncwarp();  // the warp's rows are staged and fenced
     }
     const int row = warp_row0 + lane;
     if (warp_n == 0 && m0 + row < sq.extent) {
