@@ -50,6 +50,9 @@ struct FwdParams {
   // The block order's heads per group, log2; set by the launcher (Note [Block order] in
   // common/tile_order.cuh).  A launch detail: in BwdParams::fwd it orders the key tiles.
   int block_shift = 0;
+
+  // Whether a causal or local mask gives the tiles different amounts of work.
+  bool masked() const { return window_left >= 0 || window_right >= 0; }
 };
 
 // Rows of the float32 dQ accumulator are allocated in whole tiles of this many rows (the

@@ -16,8 +16,7 @@ template <class Kernel> cudaError_t launch_bwd(const BwdParams& params, cudaStre
   // The blocks of a (batch, head) read its Q and dO and add to its dQ accumulator.
   const FwdParams& f = params.fwd;
   const BlockOrder order(
-      tiles(f.seq_k.seqlen, Kernel::kBlockN), f.heads_q, f.batch,
-      f.window_left >= 0 || f.window_right >= 0,
+      tiles(f.seq_k.seqlen, Kernel::kBlockN), f.heads_q, f.batch, f.masked(),
       int64_t(f.seq_q.seqlen) * f.head_dim * (2 * int64_t(sizeof(typename Kernel::Element)) + 4),
       /*max_shift=*/3);
   BwdParams p = params;

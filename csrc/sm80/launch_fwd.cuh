@@ -15,7 +15,7 @@ template <class Kernel> cudaError_t launch_fwd(const FwdParams& params, cudaStre
   // The blocks of a (batch, head) read its K and V; at most 2 heads per group (Note [Block
   // order]).
   const BlockOrder order(tiles(params.seq_q.seqlen, Kernel::kBlockM), params.heads_q, params.batch,
-                         params.window_left >= 0 || params.window_right >= 0,
+                         params.masked(),
                          2 * int64_t(params.seq_k.seqlen) * params.head_dim *
                              int64_t(sizeof(typename Kernel::Element)),
                          /*max_shift=*/1);
