@@ -9,13 +9,18 @@ Backends: flash_cuda; PyTorch SDPA pinned to one kernel each (sdpa_flash, sdpa_c
 sdpa_efficient); FlashAttention where importable (fa3 = flash_attn_interface, fa4_cute =
 flash_attn.cute, fa2 = flash_attn). A backend that cannot run a point records None and a note.
 
-Timing is the median of triton.testing.do_bench (CUDA events if triton is missing). The
-backward is timed alone: the forward runs once, then only torch.autograd.grad is repeated.
-With --rounds N the whole grid runs N times and each number is the median over the rounds:
-a point's rounds are a grid apart in time, so a transient slowdown of the GPU (clocks, another
-tenant) moves one round, not the result; each round starts each point with the next backend,
-since whoever runs first after the setup meets a different clock and power state (the H200
-idles at 345 MHz and runs into its 700 W cap within a second of load).
+Timing (--timer): "interleaved" (the default) takes turns: every turn runs each backend once,
+each call after the L2 is emptied and between its own CUDA events, and each backend's number is
+the median of its calls. All backends thus run under the same clock, power and temperature: the
+H200 idles at 345 MHz, runs into its 700 W power cap within a second of load and then sets its
+clock by the power drawn, so a backend timed alone inherits the state its predecessor left
+(timed one after the other, a backend that follows cuDNN read 2-5% lower than it does in
+turns; benchmarks/NOTES.md, entry 38). "sequential" times one backend after the other with
+triton.testing.do_bench (CUDA events if triton is missing), each point starting with the next
+backend in every round. The backward is timed alone: the forward runs once, then only
+torch.autograd.grad is repeated. With --rounds N the whole grid runs N times and each number
+is the median over the rounds: a point's rounds are a grid apart in time, so a transient
+slowdown of the GPU (another tenant) moves one round, not the result.
 FLOPs: forward 4 * batch * heads * seqlen^2 * hdim, halved when causal; backward 2.5x that.
 
 Run:
@@ -23,6 +28,7 @@ Run:
     python benchmarks/bench_attn.py --hdims 128 --json out.json --plot out.png
     python benchmarks/bench_attn.py --seqlens 2048,8192 --causal yes --direction bwd
     python benchmarks/bench_attn.py --rounds 5 --json grid.json   # medians of 5 rounds
+    python benchmarks/bench_attn.py --timer sequential             # do_bench, one backend at a time
 """
 
 import argparse
@@ -167,72 +173,109 @@ def _one_line(exc):
     return f"{type(exc).__name__}: {text[0][:160] if text else ''}"
 
 
-def make_timer(warmup_ms, rep_ms):
-    """Returns fn -> median milliseconds per call."""
+def make_timer(kind, warmup_ms, rep_ms):
+    """Returns ({name: fn}, first) -> {name: median milliseconds per call}; see the module's
+    docstring for the two kinds."""
+    if kind == "interleaved":
+        return lambda calls, first: time_in_turns(calls, warmup_ms, rep_ms, first)
     try:
         from triton.testing import do_bench
+
+        def one(fn):
+            return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     except ImportError:
-        return lambda fn: _time_with_events(fn, warmup_ms, rep_ms)
-    return lambda fn: do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        def one(fn):
+            return time_in_turns({None: fn}, warmup_ms, rep_ms)[None]
+
+    def sequential(calls, first):
+        return {name: one(calls[name]) for name in turn_order(list(calls), first)}
+
+    return sequential
 
 
-def _time_with_events(fn, warmup_ms, rep_ms):
-    """Median of per-call CUDA event timings, with L2 emptied before each call."""
+def turn_order(names, shift):
+    """`names` rotated to start with number `shift` (modulo their count)."""
+    shift %= max(1, len(names))
+    return names[shift:] + names[:shift]
+
+
+def time_in_turns(fns, warmup_ms, rep_ms, first=0):
+    """{name: fn} -> {name: median milliseconds per call}, the calls taken in turns.
+
+    Each turn calls every fn once, starting with the next one each turn, each call after the
+    L2 is emptied and between its own pair of CUDA events. Warm-up and timing each last about
+    warmup_ms and rep_ms per fn, as do_bench's do for one.
+    """
+    names = list(fns)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
+    estimate = {}
+    for name in names:
+        fns[name]()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            fns[name]()
+        end.record()
+        torch.cuda.synchronize()
+        estimate[name] = max(start.elapsed_time(end) / 3, 1e-3)
+    turn_ms = sum(estimate.values())
+    for _ in range(max(1, round(warmup_ms * len(names) / turn_ms))):
+        for name in names:
+            flush.zero_()
+            fns[name]()
+    turns = min(10000, max(5, round(rep_ms * len(names) / turn_ms)))
+    events = {name: [] for name in names}
+    for turn in range(turns):
+        for name in turn_order(names, first + turn):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.zero_()
+            start.record()
+            fns[name]()
+            end.record()
+            events[name].append((start, end))
     torch.cuda.synchronize()
-    estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate_ms))):
-        fn()
-    repeats = max(5, int(rep_ms / estimate_ms))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for first, last in zip(starts, ends):
-        flush.zero_()
-        first.record()
-        fn()
-        last.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+    return {name: statistics.median(a.elapsed_time(b) for a, b in pairs)
+            for name, pairs in events.items()}
 
 
-def time_backend(backend, qkv, causal, direction, timer):
-    """Milliseconds per call of `backend` on q, k, v (batch, seqlen, heads, hdim)."""
+def make_call(backend, qkv, causal, direction):
+    """A no-argument call of `backend` on q, k, v (batch, seqlen, heads, hdim), run once here
+    so that a point the backend cannot run fails before any timing."""
     with backend.context():
         if direction == "fwd":
             inputs = backend.prepare(*qkv)
-            return timer(lambda: backend.forward(*inputs, causal))
-        # Fresh leaves per backend so no graph or gradient is shared between backends.
-        leaves = [t.detach().requires_grad_() for t in qkv]
-        inputs = backend.prepare(*leaves)
-        out = backend.forward(*inputs, causal)
-        dout = torch.randn_like(out)
-        # autograd.grad returns the gradients instead of accumulating into .grad, so repeated
-        # calls do no extra work and time only the backward kernels.
-        return timer(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True))
+            forward = backend.forward
+
+            def call():
+                with backend.context():
+                    forward(*inputs, causal)
+        else:
+            # Fresh leaves per backend so no graph or gradient is shared between backends.
+            leaves = [t.detach().requires_grad_() for t in qkv]
+            inputs = backend.prepare(*leaves)
+            out = backend.forward(*inputs, causal)
+            dout = torch.randn_like(out)
+
+            # autograd.grad returns the gradients instead of accumulating into .grad, so
+            # repeated calls do no extra work and time only the backward kernels.
+            def call():
+                torch.autograd.grad(out, inputs, dout, retain_graph=True)
+        call()
+    return call
 
 
 def run_point(backends, shape, causal, direction, dtype, timer, notes, first=0):
-    """Times every backend at one point, starting with backend number `first` (the GPU's clock
-    and power state after setup favour or penalise whoever runs first, so rounds rotate the
-    order); returns {name: TFLOP/s or None} in the backends' order."""
+    """Times every backend at one point, `first` saying which one starts (rounds rotate it);
+    returns {name: TFLOP/s or None} in the backends' order."""
     batch, seqlen, heads, hdim = shape
     qkv = [torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3)]
     flops = attention_flops(batch, heads, seqlen, hdim, causal, direction)
-    tflops = {name: None for name in backends}
-    names = list(backends)
-    first %= max(1, len(names))
-    for name in names[first:] + names[:first]:
-        backend = backends[name]
+    calls = {}
+    for name, backend in backends.items():
         if backend is None:
             continue
         try:
-            tflops[name] = flops / (time_backend(backend, qkv, causal, direction, timer) * 1e9)
+            calls[name] = make_call(backend, qkv, causal, direction)
         except Exception as exc:  # unsupported head dim, OOM, no kernel: a gap, not a crash
             reason = _one_line(exc)
             # A backend lacking a kernel fails the same way at every point; say so once on
@@ -243,7 +286,8 @@ def run_point(backends, shape, causal, direction, dtype, timer, notes, first=0):
                 print(f"  note: {note} (repeats not shown)", flush=True)
             notes.append(note)
             torch.cuda.empty_cache()
-    return tflops
+    ms = timer(calls, first) if calls else {}
+    return {name: (flops / (ms[name] * 1e9) if name in ms else None) for name in backends}
 
 
 def run_grid(args, backends, timer, notes, first=0):
@@ -372,7 +416,6 @@ def environment():
         "triton": triton_version,
         "python": platform.python_version(),
         "host": platform.node(),
-        "timer": "triton.testing.do_bench median" if triton_version else "cuda events median",
     }
 
 
@@ -381,7 +424,7 @@ def write_json(path, args, env, names, points, notes):
         "tokens": args.tokens, "model_dim": args.model_dim, "dtype": args.dtype_name,
         "hdims": args.hdims, "seqlens": args.seqlens, "causal": args.causal,
         "directions": args.directions, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms,
-        "rounds": args.rounds,
+        "rounds": args.rounds, "timer": args.timer,
     }
     rows = []
     for p in points:
@@ -450,6 +493,8 @@ def parse_args(argv=None):
     parser.add_argument("--model-dim", type=int, default=2048, help="heads * hdim")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--timer", choices=["interleaved", "sequential"], default="interleaved",
+                        help="backends in turns, call by call (default), or one after the other")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the grid this many times; report each point's median")
     parser.add_argument("--json", metavar="PATH", help="write all numbers and the environment")
@@ -488,14 +533,14 @@ def main(argv=None):
     env = environment()
     print(f"device: {env['gpu']} (sm_{env['compute_capability'].replace('.', '')}), "
           f"torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
-          f"timer: {env['timer']}, dtype {args.dtype_name}")
+          f"timer: {args.timer}, dtype {args.dtype_name}")
     notes = []
     backends = load_backends(args.backends, args.explicit, notes)
     for note in notes:
         print(f"note: {note}")
     names = list(backends)
     torch.manual_seed(0)
-    timer = make_timer(args.warmup_ms, args.rep_ms)
+    timer = make_timer(args.timer, args.warmup_ms, args.rep_ms)
     rounds = []
     for r in range(args.rounds):
         if args.rounds > 1:

@@ -34,7 +34,19 @@ def test_one_round_is_the_run_itself():
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--seqlens", "0"], ["--hdims", "100"],
-                                  ["--backends", "nope"]])
+                                  ["--backends", "nope"], ["--timer", "nope"]])
 def test_bad_arguments_are_rejected_before_the_gpu(argv):
     with pytest.raises(SystemExit):
         bench_attn.parse_args(argv)
+
+
+def test_turns_rotate_so_each_backend_starts_equally_often():
+    names = ["flash_cuda", "sdpa_flash", "sdpa_cudnn"]
+    turns = [bench_attn.turn_order(names, t) for t in range(6)]
+    assert all(sorted(t) == sorted(names) for t in turns)
+    assert [t[0] for t in turns] == names + names
+    assert bench_attn.turn_order([], 3) == []
+
+
+def test_default_timer_takes_turns():
+    assert bench_attn.parse_args([]).timer == "interleaved"
