@@ -74,6 +74,20 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
                 "the tile config must fit the 99 KB of an sm86/sm89/sm120 block, or name a "
                 "config that does");
 
+  // Note [Stale row maximum]
+  // The online softmax keeps, per row, the maximum m that its exponentials are taken against
+  // and rescales O and the row sum whenever m changes.  Any m gives the same O / sum and
+  // lse = m * scale + log(sum), as long as exp2((s - m) * scale_log2) neither overflows nor
+  // loses the large terms; so m is raised only when a row's maximum grows by more than
+  // kMaxGrowthLog2 (in log2 units) over it.  P then stays below 2^kMaxGrowthLog2 = 256 (well
+  // inside fp16 and bf16, whose relative precision does not depend on magnitude), and O, sum in
+  // fp32 grow by at most that factor.  After the first key tile a row's maximum seldom grows
+  // that much, so the warp skips the rescale of O on nearly every tile, also at short
+  // sequences, where an exact maximum changes on most tiles (NOTES entry 39).  Applied where
+  // two warps share a row range (kWarpsN = 2); the one-warp step, which finds its maxima in
+  // line, spilled with it (hdims 64 and 128).
+  static constexpr float kMaxGrowthLog2 = 8.f;
+
   // Per-thread state of the online softmax for its 2 * kMTiles rows.
   struct RowState {
     float max[kMTiles][2];
@@ -172,8 +186,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   }
 
   // Online softmax step: new running max, rescale of the old sum and O, S -> P in place.
-  // Rescaling O costs kDTiles * 4 multiplies per row; once the running max has settled (most
-  // key tiles of a long row) no row of the warp changes it and the warp skips the rescale.
+  // Rescaling O costs kDTiles * 4 multiplies per row; when no row of the warp raises its
+  // maximum (Note [Stale row maximum]) the warp skips the rescale.
   // With kWarpsN = 1 the step finds the row maxima itself, one row at a time between that row's
   // exponentials (all rows' maxima and shuffles before any exponential, as row_max does, measured
   // 0.3-1.8% slower at hdim 128, NOTES entry 26); otherwise `row_max_all` holds them
@@ -199,6 +213,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         } else {
           mx = row_max_all[mt][r];
+          // Note [Stale row maximum]: a maximum that grew by at most kMaxGrowthLog2 is not
+          // taken up.  (Both -inf gives NaN, false: a row with no visible key yet keeps -inf.)
+          if (!((mx - st.max[mt][r]) * scale_log2 > kMaxGrowthLog2)) mx = st.max[mt][r];
         }
         // A fully masked row so far keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
         const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
