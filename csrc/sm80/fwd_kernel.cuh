@@ -219,7 +219,13 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         }
         // A fully masked row so far keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
         const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        any_change |= mx != st.max[mt][r];
+        if constexpr (kWarpsN > 1) {
+          // While a row's maximum is -inf its O is still zero (no key seen), so raising the
+          // maximum needs no rescale: the first key tile rescales nothing.
+          any_change |= mx != st.max[mt][r] && st.max[mt][r] != -INFINITY;
+        } else {
+          any_change |= mx != st.max[mt][r];
+        }
         correction[mt][r] = fast_exp2(st.max[mt][r] * scale_log2 - mx_scaled);
         st.max[mt][r] = mx;
         float sum = st.sum[mt][r] * correction[mt][r];
