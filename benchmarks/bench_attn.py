@@ -11,11 +11,11 @@ flash_attn.cute, fa2 = flash_attn). A backend that cannot run a point records No
 
 Timing (--timer): "interleaved" (the default) takes turns: every turn runs each backend once,
 each call after the L2 is emptied and between its own CUDA events, and each backend's number is
-the median of its calls. All backends thus run under the same clock, power and temperature: the
+the median of its calls. All backends thus share one power regime, set by all of them: the
 H200 idles at 345 MHz, runs into its 700 W power cap within a second of load and then sets its
-clock by the power drawn, so a backend timed alone inherits the state its predecessor left
-(timed one after the other, a backend that follows cuDNN read 2-5% lower than it does in
-turns; benchmarks/NOTES.md, entry 38). "sequential" times one backend after the other with
+clock by the power drawn, so a backend timed alone meets a state set by itself and by what
+ran before it (benchmarks/NOTES.md, entry 38: the same kernels' ratios moved by up to 5%
+between the two timers). "sequential" times one backend after the other with
 triton.testing.do_bench (CUDA events if triton is missing), each point starting with the next
 backend in every round. The backward is timed alone: the forward runs once, then only
 torch.autograd.grad is repeated. With --rounds N the whole grid runs N times and each number
