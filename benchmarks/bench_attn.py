@@ -14,8 +14,11 @@ each call after the L2 is emptied and between its own CUDA events, and each back
 the median of its calls. All backends thus share one power regime, set by all of them: the
 H200 idles at 345 MHz, runs into its 700 W power cap within a second of load and then sets its
 clock by the power drawn, so a backend timed alone meets a state set by itself and by what
-ran before it (benchmarks/NOTES.md, entry 38: the same kernels' ratios moved by up to 5%
-between the two timers). "sequential" times one backend after the other with
+ran before it. In turns, a kernel that draws more power per clock than the others runs at a
+higher clock than it would alone at the cap, and one that draws less at a lower one, as in a
+training step, where the clock follows the whole mix of kernels (benchmarks/NOTES.md, entry
+38: the same kernels' ratios moved by up to 5% between the two timers). "sequential" times
+one backend after the other with
 triton.testing.do_bench (CUDA events if triton is missing), each point starting with the next
 backend in every round. The backward is timed alone: the forward runs once, then only
 torch.autograd.grad is repeated. With --rounds N the whole grid runs N times and each number
@@ -66,7 +69,8 @@ class Backend:
     forward: Callable
     # Layout change from (batch, seqlen, heads, hdim), done outside the timed region.
     prepare: Callable = lambda q, k, v: (q, k, v)
-    # Entered around every call and timing of this backend (SDPA kernel pinning).
+    # Entered around every forward call of this backend (SDPA kernel pinning); the backward
+    # runs the kernels its forward recorded.
     context: Callable = contextlib.nullcontext
 
 
@@ -193,18 +197,27 @@ def make_timer(kind, warmup_ms, rep_ms):
     return sequential
 
 
-def turn_order(names, shift):
-    """`names` rotated to start with number `shift` (modulo their count)."""
-    shift %= max(1, len(names))
-    return names[shift:] + names[:shift]
+def turn_order(names, turn):
+    """The order of turn `turn`, from a Williams design: over 2 * len(names) turns each name
+    comes first equally often and follows each other name equally often.  Row 0 is 0, 1, n-1,
+    2, n-2, ...; row r adds r to each index (mod n); with n odd the rows also run reversed."""
+    count = len(names)
+    if count == 0:
+        return []
+    row0 = [0]
+    for step in range(1, count):
+        row0.append((step + 1) // 2 if step % 2 else count - step // 2)
+    order = [names[(index + turn) % count] for index in row0]
+    return order[::-1] if count % 2 and (turn // count) % 2 else order
 
 
 def time_in_turns(fns, warmup_ms, rep_ms, first=0):
     """{name: fn} -> {name: median milliseconds per call}, the calls taken in turns.
 
-    Each turn calls every fn once, starting with the next one each turn, each call after the
-    L2 is emptied and between its own pair of CUDA events. Warm-up and timing each last about
-    warmup_ms and rep_ms per fn, as do_bench's do for one.
+    Each turn calls every fn once, in turn_order, each call after the L2 is emptied and between
+    its own pair of CUDA events. Warm-up and timing take about warmup_ms and rep_ms per fn, as
+    do_bench's do for one (the counts come from a few calls with L2 warm and no flush, so short
+    calls run somewhat longer than that).
     """
     names = list(fns)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
@@ -270,23 +283,37 @@ def run_point(backends, shape, causal, direction, dtype, timer, notes, first=0):
     batch, seqlen, heads, hdim = shape
     qkv = [torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3)]
     flops = attention_flops(batch, heads, seqlen, hdim, causal, direction)
+
+    def gap(name, exc):  # unsupported head dim, OOM, no kernel: a gap, not a crash
+        reason = _one_line(exc)
+        # A backend lacking a kernel fails the same way at every point; say so once on the
+        # console and keep every occurrence in the JSON.
+        note = f"{name} {direction} hdim={hdim} causal={_yes_no(causal)} seqlen={seqlen}: {reason}"
+        if not any(n.startswith(name + " ") and n.endswith(reason) for n in notes):
+            print(f"  note: {note} (repeats not shown)", flush=True)
+        notes.append(note)
+        torch.cuda.empty_cache()
+
     calls = {}
     for name, backend in backends.items():
         if backend is None:
             continue
         try:
             calls[name] = make_call(backend, qkv, causal, direction)
-        except Exception as exc:  # unsupported head dim, OOM, no kernel: a gap, not a crash
-            reason = _one_line(exc)
-            # A backend lacking a kernel fails the same way at every point; say so once on
-            # the console and keep every occurrence in the JSON.
-            note = (f"{name} {direction} hdim={hdim} causal={_yes_no(causal)} "
-                    f"seqlen={seqlen}: {reason}")
-            if not any(n.startswith(name + " ") and n.endswith(reason) for n in notes):
-                print(f"  note: {note} (repeats not shown)", flush=True)
-            notes.append(note)
+        except Exception as exc:
+            gap(name, exc)
+    ms = {}
+    if calls:
+        try:
+            ms = timer(calls, first)
+        except Exception:
+            # One backend failing while timed costs only its own number: time each alone.
             torch.cuda.empty_cache()
-    ms = timer(calls, first) if calls else {}
+            for name, call in calls.items():
+                try:
+                    ms.update(timer({name: call}, 0))
+                except Exception as exc:
+                    gap(name, exc)
     return {name: (flops / (ms[name] * 1e9) if name in ms else None) for name in backends}
 
 

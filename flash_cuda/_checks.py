@@ -183,15 +183,21 @@ def check_window_size(window_size) -> None:
                          f"got {tuple(window_size)}.")
 
 
+# The kernels multiply by softmax_scale * log2(e) in float32: outside this range it flushes to
+# zero or overflows.  The C++ op layer checks the same bounds.
+SCALE_MIN, SCALE_MAX = 1e-30, 1e30
+
+
 def check_softmax_scale(softmax_scale) -> None:
     if softmax_scale is None or isinstance(softmax_scale, torch.SymFloat):
         return
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale must be a float or None (None means "
                         f"1 / sqrt(head_dim)); got {type(softmax_scale).__name__}.")
-    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale must be a finite number > 0 (the kernels take the "
-                         f"running max of unscaled scores); got {softmax_scale}.")
+    if not math.isfinite(softmax_scale) or not SCALE_MIN <= softmax_scale <= SCALE_MAX:
+        raise ValueError(f"softmax_scale must be a finite number > 0, within [{SCALE_MIN:g}, "
+                         f"{SCALE_MAX:g}] (the kernels take the running max of unscaled "
+                         f"scores and scale in float32); got {softmax_scale}.")
 
 
 def check_flag(name: str, value) -> None:

@@ -163,7 +163,10 @@ FwdParams problem(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
   check_seq_tensor(used_k, "seqused_k", batch, q);
   TORCH_CHECK_VALUE(window_left >= -1 && window_right >= -1,
                     "window_size entries must be >= -1 (-1 means unbounded)");
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "softmax_scale must be a finite number > 0");
+  // The kernels take scale * log2(e) in float32 (flash_cuda/_checks.py: SCALE_MIN, SCALE_MAX).
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale >= 1e-30 && scale <= 1e30,
+                    "softmax_scale must be a finite number > 0, within [1e-30, 1e+30]; got ",
+                    scale);
   FwdParams p;
   p.batch = static_cast<int>(batch);
   p.heads_q = static_cast<int>(q.size(-2));
