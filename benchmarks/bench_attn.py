@@ -56,7 +56,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # against the forward's two, the convention used by the FlashAttention papers.
 BWD_FLOP_FACTOR = 2.5
 # do_bench empties a buffer of this size between calls so that no call finds its inputs in L2;
-# the CUDA-event fallback does the same so the two timers agree.
+# time_in_turns (the interleaved timer and the fallback without triton) does the same.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 
