@@ -1,10 +1,10 @@
 """The one declaration of which kernels flash_cuda compiles, and the generator that expands it.
 
-setup.py filters the manifest with the build knobs (FLASH_CUDA_ARCHS, FLASH_CUDA_HDIMS,
-FLASH_CUDA_DTYPES, FLASH_CUDA_DISABLE_BACKWARD) and calls `generate()`, which writes one small
-translation unit per kernel, the dispatch table the C++ dispatcher includes, and the build-info
-table that `flash_cuda._C.build_info()` reports (and that the tests read).  Nothing else in the
-project lists head dims, dtypes or archs.
+setup.py filters the manifest with the build knobs (FLASH_CUDA_ARCHS or TORCH_CUDA_ARCH_LIST,
+FLASH_CUDA_HDIMS, FLASH_CUDA_DTYPES, FLASH_CUDA_DISABLE_BACKWARD) and calls `generate()`, which
+writes one small translation unit per kernel, the dispatch table the C++ dispatcher includes, and
+the build-info table that `flash_cuda._C.build_info()` reports (and that the tests read).  Nothing
+else in the project lists head dims, dtypes or archs.
 """
 
 import dataclasses
@@ -49,22 +49,37 @@ def _split(value):
     return [v for v in value.replace(",", ";").split(";") if v.strip()]
 
 
-def _parse_arch(text):
-    """'90', '90a', '9.0' or 'sm_90' -> 90."""
-    t = text.strip().lower().removeprefix("sm_").removeprefix("sm").rstrip("a")
+def _parse_arch(text, knob="FLASH_CUDA_ARCHS"):
+    """'90', '90a', '9.0', '9.0a', '9.0+PTX' or 'sm_90' -> 90.  (+PTX changes nothing: the
+    build always embeds PTX for its newest arch.)"""
+    t = text.strip().lower().removeprefix("sm_").removeprefix("sm")
+    t = t.removesuffix("+ptx").rstrip("af")
     try:
-        return int(float(t) * 10) if "." in t else int(t)
+        return round(float(t) * 10) if "." in t else int(t)
     except ValueError:
-        raise ValueError(f"FLASH_CUDA_ARCHS entry {text!r} is not a compute capability "
-                         f"(write e.g. 80;90)") from None
+        raise ValueError(f"{knob} entry {text!r} is not a compute capability "
+                         f"(write e.g. {'8.0;9.0' if knob == 'TORCH_CUDA_ARCH_LIST' else '80;90'})"
+                         ) from None
+
+
+def parse_archs(env, detected_archs=None):
+    """The archs to compile for, and which setting chose them.
+
+    Precedence: FLASH_CUDA_ARCHS (e.g. "80;90"), then TORCH_CUDA_ARCH_LIST (PyTorch's knob,
+    e.g. "8.0 9.0+PTX"), then the visible GPUs, then DEFAULT_ARCHS.
+    """
+    for knob in ("FLASH_CUDA_ARCHS", "TORCH_CUDA_ARCH_LIST"):
+        if env.get(knob, "").strip():
+            entries = env[knob].replace(" ", ";").replace(",", ";").split(";")
+            return sorted({_parse_arch(a, knob) for a in entries if a.strip()}), knob
+    if detected_archs:
+        return sorted(set(detected_archs)), "the visible GPUs"
+    return sorted(DEFAULT_ARCHS), "the default"
 
 
 def parse_knobs(env, detected_archs=None):
     """Returns (archs, head_dims, dtypes, directions) selected by the environment."""
-    if env.get("FLASH_CUDA_ARCHS"):
-        archs = sorted({_parse_arch(a) for a in _split(env["FLASH_CUDA_ARCHS"])})
-    else:
-        archs = sorted(set(detected_archs or DEFAULT_ARCHS))
+    archs, _ = parse_archs(env, detected_archs)
     head_dims = HEAD_DIMS
     if env.get("FLASH_CUDA_HDIMS"):
         head_dims = tuple(sorted({int(h) for h in _split(env["FLASH_CUDA_HDIMS"])}))
@@ -127,10 +142,18 @@ def _table_source(selected):
 
 
 def _build_info_source(archs, selected):
-    family_archs = {f: a for f, (a, _) in selected.items()}
+    """FLASH_CUDA_BUILD_ARCHS {a, ...} and FLASH_CUDA_BUILD_KERNELS {{name, direction, family,
+    dtype, head_dim}, ...}; both empty in a build without CUDA kernels."""
+    kernels = [k for _, (_, ks) in selected.items() for k in ks]
     lines = ["// Generated from csrc/manifest.py: what this build holds, for build_info().",
-             f"#define FLASH_CUDA_BUILD_ARCHS {{{', '.join(str(a) for a in archs)}}}"]
-    for family, fa in family_archs.items():
+             f"#define FLASH_CUDA_BUILD_ARCHS {{{', '.join(str(a) for a in archs)}}}",
+             "#define FLASH_CUDA_BUILD_KERNELS {" + (" \\" if kernels else "}")]
+    for k in kernels:
+        lines.append(f'  {{"{k.name}", "{k.direction}", "{k.family}", "{k.dtype}", '
+                     f"{k.head_dim}}}, \\")
+    if kernels:
+        lines.append("}")
+    for family, (fa, _) in selected.items():
         lines.append(f"// family {family}: compiled for sm_{', sm_'.join(str(a) for a in fa)}")
     return "\n".join(lines) + "\n"
 

@@ -1,11 +1,20 @@
-"""Argument validation for the user API, one small named predicate per rule.
+"""Argument rules of flash_cuda, one small named predicate per rule, in two groups.
+
+* The op rules (`check_fwd_op`, `check_bwd_op`): what torch.ops.flash_cuda.fwd / .bwd need of
+  their tensors and numbers. The CPU and fake (meta) kernels in _ops.py call them; the CUDA
+  kernels check the same rules in C++ (csrc/ops/attention_cuda.cpp) with the same messages, so a
+  bad input gets one answer whichever way and on whichever device it arrives.
+* The API conversions (`as_int`, `as_window`, `as_scale`, `as_flag`, ...): what the
+  FlashAttention-3 functions accept for each Python argument (integer-likes, pairs, float-likes,
+  bool-likes), converted once into what the ops take.
 
 Each check raises with a message that names the argument, states the rule and says what would
 be accepted: TypeError for a Python object of the wrong kind, ValueError for a tensor or value
 that breaks a rule, NotImplementedError for a FlashAttention feature flash_cuda does not have.
+Passing inputs cost a few comparisons; messages are built only on failure.
 """
 
-import math
+import numbers
 from typing import Dict, Optional
 
 import torch
@@ -18,16 +27,17 @@ HEAD_DIM_MULTIPLE = 8
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICE_TYPES = ("cpu", "cuda", "meta")
-DENSE_LAYOUT = "(batch, seqlen, heads, head_dim)"
-VARLEN_LAYOUT = "(total_tokens, heads, head_dim)"
+# The kernels multiply by softmax_scale * log2(e) in float32: outside this range it flushes to
+# zero or overflows.  The C++ op layer checks the same bounds.
+SCALE_MIN, SCALE_MAX = 1e-30, 1e30
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(t.shape)
 
 
 def _values_readable(t: torch.Tensor) -> bool:
@@ -39,6 +49,8 @@ def _values_readable(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not torch.compiler.is_compiling() and not is_fake(t)
 
 
+# ---- op rules ---------------------------------------------------------------------------------
+
 def check_is_tensor(name: str, value) -> None:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(value).__name__}.")
@@ -46,23 +58,10 @@ def check_is_tensor(name: str, value) -> None:
 
 def _check_all_equal(tensors: Dict[str, torch.Tensor], rule: str, describe) -> None:
     """Raises when describe(t) differs between the tensors, naming each with its value."""
-    if len({describe(t) for t in tensors.values()}) > 1:
+    first = describe(next(iter(tensors.values())))
+    if any(describe(t) != first for t in tensors.values()):
         found = ", ".join(f"{name} {describe(t)}" for name, t in tensors.items())
         raise ValueError(f"{', '.join(tensors)} must {rule}; got {found}.")
-
-
-def check_same_device(tensors: Dict[str, torch.Tensor]) -> None:
-    _check_all_equal(tensors, "be on the same device", lambda t: f"on {t.device}")
-
-
-def check_supported_device(name: str, t: torch.Tensor) -> None:
-    if t.device.type not in DEVICE_TYPES:
-        raise ValueError(f"{name} is on {t.device}; flash_cuda runs on CUDA devices and on the "
-                         f"CPU (the reference implementation).")
-
-
-def check_same_dtype(tensors: Dict[str, torch.Tensor]) -> None:
-    _check_all_equal(tensors, "share one dtype", lambda t: _dtype_name(t.dtype))
 
 
 def check_supported_dtype(name: str, t: torch.Tensor) -> None:
@@ -74,19 +73,11 @@ def check_supported_dtype(name: str, t: torch.Tensor) -> None:
 
 
 def check_rank(name: str, t: torch.Tensor, varlen: bool) -> None:
-    rank, layout = (3, VARLEN_LAYOUT) if varlen else (4, DENSE_LAYOUT)
-    if t.dim() != rank:
-        kind = "flash_attn_varlen_func" if varlen else "flash_attn_func"
-        raise ValueError(f"{name} must be {rank}-D {layout} for {kind}; got shape "
-                         f"{tuple(t.shape)}.")
-
-
-def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
-    if t.stride(-1) != 1:
-        raise ValueError(
-            f"{name} must be contiguous in its last (head_dim) dimension, i.e. stride(-1) == 1; "
-            f"got strides {tuple(t.stride())}. Other dimensions may have any stride; "
-            f"{name}.contiguous() would satisfy this.")
+    if t.dim() != (3 if varlen else 4):
+        layout = ("3-D (total_tokens, heads, head_dim) for varlen attention (cu_seqlens given)"
+                  if varlen else
+                  "4-D (batch, seqlen, heads, head_dim) for dense attention (no cu_seqlens)")
+        raise ValueError(f"{name} must be {layout}; got shape {_shape(t)}.")
 
 
 def check_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -101,36 +92,49 @@ def check_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                          f"{HEAD_DIM_MULTIPLE} if needed.")
 
 
-def check_kv_same_shape(k: torch.Tensor, v: torch.Tensor) -> None:
+def check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -> None:
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}.")
-
-
-def check_heads_grouped(q: torch.Tensor, k: torch.Tensor) -> None:
+        raise ValueError(f"k and v must have the same shape; got {_shape(k)} and {_shape(v)}.")
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(f"the number of heads of q ({heads_q}) must be a multiple of the number "
                          f"of heads of k and v ({heads_kv}) (MHA, GQA or MQA).")
-
-
-def check_same_batch(q: torch.Tensor, k: torch.Tensor) -> None:
-    if q.shape[0] != k.shape[0]:
+    if not varlen and q.shape[0] != k.shape[0]:
         raise ValueError(f"q, k and v must have the same batch size (dimension 0); got "
                          f"{q.shape[0]} for q and {k.shape[0]} for k and v.")
 
 
+def check_qkv(q, k, v, varlen: bool) -> None:
+    """The rules q, k and v share in both layouts."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_is_tensor(name, t)
+    if not q.device == k.device == v.device:
+        _check_all_equal({"q": q, "k": k, "v": v}, "be on the same device",
+                         lambda t: f"on {t.device}")
+    if q.device.type not in DEVICE_TYPES:
+        raise ValueError(f"q is on {q.device}; flash_cuda runs on CUDA devices and on the "
+                         f"CPU (the reference implementation).")
+    if not q.dtype == k.dtype == v.dtype:
+        _check_all_equal({"q": q, "k": k, "v": v}, "share one dtype",
+                         lambda t: _dtype_name(t.dtype))
+    check_supported_dtype("q", q)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_rank(name, t, varlen)
+    check_head_dim(q, k, v)
+    check_heads(q, k, v, varlen)
+
+
 def check_index_tensor(name: str, t: torch.Tensor, length, q: torch.Tensor) -> None:
-    """cu_seqlens / seqused: int32, 1-D of `length` entries, on q's device."""
+    """cu_seqlens / seqused: int32, 1-D of `length` entries, on q's device, contiguous."""
     check_is_tensor(name, t)
     if t.dtype != torch.int32:
         raise ValueError(f"{name} must have dtype int32; got {_dtype_name(t.dtype)}. "
                          f"{name}.to(torch.int32) would do.")
     if t.dim() != 1 or t.shape[0] != length:
-        raise ValueError(f"{name} must be 1-D with {length} entries; got shape {tuple(t.shape)}.")
+        raise ValueError(f"{name} must be 1-D with {length} entries; got shape {_shape(t)}.")
     if t.device != q.device:
         raise ValueError(f"{name} must be on q's device ({q.device}); got {t.device}.")
-    if not t.is_contiguous():
+    if t.stride(0) != 1 and length > 1:
         raise ValueError(f"{name} must be contiguous (the kernels index it as a plain array); "
                          f"got stride {t.stride(0)}. {name}.contiguous() would do.")
 
@@ -153,18 +157,17 @@ def check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int) -> None:
 
 
 def check_max_seqlen(name: str, value) -> None:
-    # A SymInt (traced value) passes through untouched: int() on it would specialise the graph.
+    """max_seqlen_* >= 0; a SymInt gets a runtime assertion instead of a guard, so that an
+    unbacked one (from .item() under torch.compile) traces."""
     if isinstance(value, torch.SymInt):
-        return
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}.")
-    if value < 0:
+        torch._check(value >= 0, lambda: f"{name} must be >= 0; got {value}.")
+    elif value < 0:
         raise ValueError(f"{name} must be >= 0; got {value}.")
 
 
 def check_max_seqlen_covers(name: str, value, cu: torch.Tensor, cu_name: str) -> None:
     """The CUDA kernels size their grid by max_seqlen, so a smaller one would skip rows."""
-    if not _is_int(value) or not _values_readable(cu):
+    if isinstance(value, torch.SymInt) or not _values_readable(cu):
         return
     values = cu.tolist()
     longest = max((b - a for a, b in zip(values, values[1:])), default=0)
@@ -173,122 +176,202 @@ def check_max_seqlen_covers(name: str, value, cu: torch.Tensor, cu_name: str) ->
                          f"({longest}); pass the maximum of {cu_name}.diff().")
 
 
-def check_window_size(window_size) -> None:
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise TypeError(f"window_size must be a pair (left, right) of ints; got {window_size!r}.")
-    if not all(_is_int(w) for w in window_size):
-        raise TypeError(f"window_size entries must be ints; got {window_size!r}.")
-    if any(w < -1 for w in window_size):
+def check_window(window_left, window_right) -> None:
+    if window_left < -1 or window_right < -1:
         raise ValueError(f"window_size entries must be >= -1 (-1 means unbounded on that side); "
-                         f"got {tuple(window_size)}.")
+                         f"got ({window_left}, {window_right}).")
 
 
-# The kernels multiply by softmax_scale * log2(e) in float32: outside this range it flushes to
-# zero or overflows.  The C++ op layer checks the same bounds.
-SCALE_MIN, SCALE_MAX = 1e-30, 1e30
-
-
-def check_softmax_scale(softmax_scale) -> None:
-    if softmax_scale is None or isinstance(softmax_scale, torch.SymFloat):
-        return
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float or None (None means "
-                        f"1 / sqrt(head_dim)); got {type(softmax_scale).__name__}.")
-    if not math.isfinite(softmax_scale) or not SCALE_MIN <= softmax_scale <= SCALE_MAX:
+def check_scale_value(softmax_scale) -> None:
+    if isinstance(softmax_scale, torch.SymFloat):
+        return  # checked by the kernels at run time
+    if not SCALE_MIN <= softmax_scale <= SCALE_MAX:  # also False for NaN
         raise ValueError(f"softmax_scale must be a finite number > 0, within [{SCALE_MIN:g}, "
                          f"{SCALE_MAX:g}] (the kernels take the running max of unscaled "
                          f"scores and scale in float32); got {softmax_scale}.")
 
 
-def check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool; got {type(value).__name__}.")
+def check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, window_left, window_right) -> None:
+    """Every rule of torch.ops.flash_cuda.fwd (and of the problem half of .bwd)."""
+    varlen = cu_seqlens_q is not None
+    if (cu_seqlens_k is not None) != varlen:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (varlen "
+                         "attention) or neither (dense attention).")
+    check_qkv(q, k, v, varlen)
+    if varlen:
+        check_is_tensor("cu_seqlens_q", cu_seqlens_q)
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+            raise ValueError(f"cu_seqlens_q must be 1-D with batch + 1 >= 1 entries; got shape "
+                             f"{_shape(cu_seqlens_q)}.")
+        batch = cu_seqlens_q.shape[0] - 1
+        check_index_tensor("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
+        check_index_tensor("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
+    else:
+        batch = q.shape[0]
+    for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if used is not None:
+            check_index_tensor(name, used, batch, q)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    check_window(window_left, window_right)
+    check_scale_value(softmax_scale)
+    if varlen:
+        check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+        check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+        check_max_seqlen_covers("max_seqlen_q", max_seqlen_q, cu_seqlens_q, "cu_seqlens_q")
+        check_max_seqlen_covers("max_seqlen_k", max_seqlen_k, cu_seqlens_k, "cu_seqlens_k")
 
 
-def check_unsupported(**features) -> None:
-    """Each keyword maps to (value, default); any non-default value is a missing feature."""
-    for name, (value, default) in features.items():
-        if default is None:
-            unsupported = value is not None
-        else:
-            unsupported = value != default
-        if unsupported:
-            shown = "<tensor>" if isinstance(value, torch.Tensor) else repr(value)
-            raise NotImplementedError(
-                f"{name}={shown} is not supported by flash_cuda; leave {name} at its default "
-                f"({default!r}).")
+def lse_shape(q: torch.Tensor, varlen: bool) -> tuple:
+    """Dense: (batch, heads_q, seqlen_q); varlen: (heads_q, total_q)."""
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def check_bwd_op(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                 seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+                 window_right) -> None:
+    """Every rule of torch.ops.flash_cuda.bwd."""
+    check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, window_left, window_right)
+    for name, t in (("dout", dout), ("out", out)):
+        check_is_tensor(name, t)
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{name} must have q's shape {_shape(q)}, dtype "
+                             f"{_dtype_name(q.dtype)} and device {q.device}; got {_shape(t)}, "
+                             f"{_dtype_name(t.dtype)} on {t.device}.")
+    check_is_tensor("softmax_lse", softmax_lse)
+    expected = lse_shape(q, cu_seqlens_q is not None)
+    if (_shape(softmax_lse) != expected or softmax_lse.dtype != torch.float32
+            or softmax_lse.device != q.device):
+        raise ValueError(f"softmax_lse must be the forward's: float32 of shape {expected} on "
+                         f"{q.device}; got {_dtype_name(softmax_lse.dtype)} of shape "
+                         f"{_shape(softmax_lse)} on {softmax_lse.device}.")
+
+
+# ---- API conversions --------------------------------------------------------------------------
+
+def _is_integer(value) -> bool:
+    return isinstance(value, (numbers.Integral, torch.SymInt)) and not isinstance(value, bool)
+
+
+def as_int(name: str, value):
+    """An integer-like as an int (or the SymInt itself): Python and numpy integers, SymInts
+    (also unbacked ones from .item() under torch.compile) and 0-d or 1-element integer tensors
+    (read with .item(), a device sync on CUDA, as FlashAttention's own conversion does)."""
+    if type(value) is int or isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+            and not value.is_complex() and value.dtype != torch.bool:
+        return value.item()
+    if _is_integer(value):
+        return int(value)
+    raise TypeError(f"{name} must be an int (a Python or numpy integer, a SymInt, or a "
+                    f"one-element integer tensor); got {type(value).__name__}.")
+
+
+def as_window(window_size):
+    """(left, right) ints from any length-2 sequence or tensor of integer-likes."""
+    if isinstance(window_size, torch.Tensor):
+        if window_size.numel() != 2 or window_size.is_floating_point():
+            raise TypeError(f"window_size must be a pair (left, right) of ints; got a tensor of "
+                            f"shape {_shape(window_size)} and dtype "
+                            f"{_dtype_name(window_size.dtype)}.")
+        window_size = window_size.tolist()
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size must be a pair (left, right) of ints; got "
+                        f"{window_size!r}.") from None
+    if not (_is_integer(left) and _is_integer(right)):
+        raise TypeError(f"window_size entries must be ints; got {window_size!r}.")
+    # int() on a SymInt specialises on its value: the schema's window arguments are plain ints.
+    return int(left), int(right)
+
+
+def as_scale(softmax_scale, head_dim):
+    """None -> head_dim ** -0.5; float-likes (Python and numpy floats and ints, SymFloat) -> a
+    float, or the SymFloat itself under torch.compile. Tensors are refused: reading one on CUDA
+    would be a silent device sync."""
+    if softmax_scale is None:
+        return head_dim ** -0.5
+    if type(softmax_scale) is float or isinstance(softmax_scale, torch.SymFloat):
+        return softmax_scale
+    if isinstance(softmax_scale, (numbers.Real, torch.SymInt)) and \
+            not isinstance(softmax_scale, bool):
+        return float(softmax_scale)
+    raise TypeError(f"softmax_scale must be a float or None (None means 1 / sqrt(head_dim)); "
+                    f"got {type(softmax_scale).__name__}.")
+
+
+def as_flag(name: str, value) -> bool:
+    """Python and numpy bools, and one-element bool tensors on the CPU."""
+    if value is True or value is False:
+        return value
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):  # without numpy
+        return bool(value)
+    if isinstance(value, torch.Tensor) and value.dtype == torch.bool and value.numel() == 1:
+        return bool(value.item())
+    raise TypeError(f"{name} must be a bool; got {type(value).__name__}.")
+
+
+def check_not_supported(name: str, value) -> None:
+    """A FlashAttention argument flash_cuda cannot honour yet: only None is accepted."""
+    if value is not None:
+        shown = "<tensor>" if isinstance(value, torch.Tensor) else repr(value)
+        raise NotImplementedError(f"{name}={shown} is not supported by flash_cuda; leave {name} "
+                                  f"at its default (None).")
+
+
+def check_at_default(name: str, value, default) -> None:
+    """A numeric FlashAttention argument flash_cuda supports only at its default."""
+    if value != default:
+        raise NotImplementedError(f"{name}={value!r} is not supported by flash_cuda; leave "
+                                  f"{name} at its default ({default!r}).")
 
 
 def check_hints(num_splits, pack_gqa, sm_margin) -> None:
     """Performance hints: any valid value gives the same result, so only the types matter."""
-    if not _is_int(num_splits) or num_splits < 0:
+    if not _is_integer(num_splits) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0 lets the library choose); got "
                          f"{num_splits!r}.")
-    if pack_gqa is not None and not isinstance(pack_gqa, bool):
+    if pack_gqa is not None and pack_gqa is not True and pack_gqa is not False:
         raise TypeError(f"pack_gqa must be a bool or None; got {type(pack_gqa).__name__}.")
-    if not _is_int(sm_margin) or sm_margin < 0:
+    if not _is_integer(sm_margin) or sm_margin < 0:
         raise ValueError(f"sm_margin must be an int >= 0; got {sm_margin!r}.")
+
+
+def wants_deterministic(deterministic: bool) -> bool:
+    """deterministic=True, or torch.use_deterministic_algorithms(True) without warn_only (with
+    warn_only, the backward warns instead: at::Context::alertNotDeterministic)."""
+    return deterministic or (torch.are_deterministic_algorithms_enabled()
+                             and not torch.is_deterministic_algorithms_warn_only_enabled())
 
 
 def check_deterministic_backward(deterministic: bool, q, k, v, supported: bool) -> None:
     """Fails at the call, not later in backward, when the CUDA backward cannot be deterministic.
 
-    Only calls that will need a backward are affected: inference with deterministic=True is
-    fine, and the CPU reference is always deterministic.
+    Only calls that will need a backward are affected: inference is fine, and the CPU
+    reference is always deterministic.
     """
-    if not deterministic or supported or q.device.type != "cuda":
+    if supported or q.device.type != "cuda" or not wants_deterministic(deterministic):
         return
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise NotImplementedError(
-            "deterministic=True is not supported by this build's CUDA backward (its dq "
-            "accumulation uses atomics); pass deterministic=False, or run without gradients.")
+            "deterministic=True (or torch.use_deterministic_algorithms(True)) is not supported "
+            "by this build's CUDA backward (its dq accumulation uses atomics); pass "
+            "deterministic=False, run without gradients, or use "
+            "torch.use_deterministic_algorithms(True, warn_only=True).")
 
 
 def check_packed(name: str, packed, count: int, layout: str) -> None:
     """qkv / kv: a tensor with `count` slices on dimension 2."""
     check_is_tensor(name, packed)
     if packed.dim() != 5 or packed.shape[2] != count:
-        raise ValueError(f"{name} must be 5-D {layout}; got shape {tuple(packed.shape)}.")
+        raise ValueError(f"{name} must be 5-D {layout}; got shape {_shape(packed)}.")
 
 
-def check_qkv(q, k, v, varlen: bool) -> None:
-    """The rules q, k and v share in both layouts."""
-    tensors = {"q": q, "k": k, "v": v}
-    for name, t in tensors.items():
-        check_is_tensor(name, t)
-    check_same_device(tensors)
-    check_supported_device("q", q)
-    check_same_dtype(tensors)
-    check_supported_dtype("q", q)
-    for name, t in tensors.items():
-        check_rank(name, t, varlen)
-        check_last_dim_contiguous(name, t)
-    check_head_dim(q, k, v)
-    check_kv_same_shape(k, v)
-    check_heads_grouped(q, k)
-
-
-def check_dense(q, k, v) -> None:
-    check_qkv(q, k, v, varlen=False)
-    check_same_batch(q, k)
-
-
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                 seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor]) -> None:
-    check_qkv(q, k, v, varlen=True)
-    check_is_tensor("cu_seqlens_q", cu_seqlens_q)
-    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
-        raise ValueError(f"cu_seqlens_q must be 1-D with batch + 1 >= 1 entries; got shape "
-                         f"{tuple(cu_seqlens_q.shape)}.")
-    batch = cu_seqlens_q.shape[0] - 1
-    check_index_tensor("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
-    check_index_tensor("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
-    for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
-        if used is not None:
-            check_index_tensor(name, used, batch, q)
-    check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, q.shape[0])
-    check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.shape[0])
-    check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    check_max_seqlen_covers("max_seqlen_q", max_seqlen_q, cu_seqlens_q, "cu_seqlens_q")
-    check_max_seqlen_covers("max_seqlen_k", max_seqlen_k, cu_seqlens_k, "cu_seqlens_k")
+def check_optional_tensor(name: str, value: Optional[torch.Tensor]) -> None:
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None; got {type(value).__name__}.")

@@ -1,8 +1,17 @@
-"""Registers the non-CUDA implementations of torch.ops.flash_cuda.fwd / .bwd.
+"""The Python half of torch.ops.flash_cuda.fwd / .bwd: CPU, fake and autograd implementations.
 
-The schemas and CUDA kernels come from the compiled extension flash_cuda._C; this module adds
-the CPU implementation (the plain-PyTorch reference: correct, not fast) and the fake
-implementation that lets FakeTensorMode and torch.compile trace the ops without data.
+The schemas come from the compiled extension flash_cuda._C (csrc/ops/registration.cpp) and, in
+a build with CUDA kernels, the CUDA implementations too. This module adds:
+
+* the CPU implementation, the plain-PyTorch reference (correct, not fast);
+* the fake implementation, which lets FakeTensorMode, torch.compile and torch.export trace the
+  ops without data;
+* the autograd formula of fwd (its backward calls bwd), so that direct op calls, exported graphs
+  and the Python API alike are differentiable;
+* in a build without CUDA kernels, a CUDA implementation that says so.
+
+The CPU and fake implementations check the op rules (flash_cuda/_checks.py), the CUDA one checks
+them in C++ with the same messages.
 """
 
 import torch
@@ -12,32 +21,29 @@ try:
 except ImportError as exc:  # the extension is the only source of the op schemas
     raise ImportError(
         "flash_cuda._C, the compiled extension that defines torch.ops.flash_cuda, could not be "
-        "imported. Build it in the source tree with `python setup.py build_ext --inplace` (or "
-        "`pip install -e .`); see setup.py for the FLASH_CUDA_* build knobs. "
-        f"Original error: {exc}"
+        "imported. Install the package with `pip install --no-build-isolation -e .` (or build "
+        "it in the source tree with `python setup.py build_ext --inplace`); see setup.py for "
+        f"the FLASH_CUDA_* build knobs. Original error: {exc}"
     ) from exc
 
-from flash_cuda import reference
+from flash_cuda import _checks, reference
 
 __all__ = ["fwd", "bwd", "build_info"]
 
 fwd = torch.ops.flash_cuda.fwd.default
 bwd = torch.ops.flash_cuda.bwd.default
+_BUILD_INFO = _C.build_info()
 # Read once here: the API consults it on every call, also while torch.compile traces, where a
 # call into the extension would break the graph.
-CUDA_DETERMINISTIC_BACKWARD = bool(_C.build_info()["features"]["deterministic_backward"])
-
-
-def _lse_shape(q, cu_seqlens_q):
-    """Dense: (batch, heads_q, seqlen_q); varlen: (heads_q, total_q)."""
-    if cu_seqlens_q is None:
-        return (q.shape[0], q.shape[2], q.shape[1])
-    return (q.shape[1], q.shape[0])
+CUDA_DETERMINISTIC_BACKWARD = bool(_BUILD_INFO["features"]["deterministic_backward"])
+HAS_CUDA_KERNELS = bool(_BUILD_INFO["kernels"])
 
 
 @torch.library.register_kernel("flash_cuda::fwd", "cpu")
 def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-             max_seqlen_k, softmax_scale, causal, window_left, window_right):
+             max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic=False):
+    _checks.check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                         max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right)
     # The reference walks each sequence's real length, so max_seqlen (a CUDA grid size) is
     # not needed here.
     return reference.attention_forward_reference(
@@ -49,6 +55,9 @@ def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seql
 def _bwd_cpu(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
              max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
              deterministic):
+    _checks.check_bwd_op(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                         seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+                         window_right)
     # The reference sums in a fixed order, so every call is deterministic whatever the flag.
     return reference.attention_backward_reference(
         dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
@@ -58,9 +67,12 @@ def _bwd_cpu(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequse
 
 @torch.library.register_fake("flash_cuda::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-              max_seqlen_k, softmax_scale, causal, window_left, window_right):
-    out = q.new_empty(q.shape)
-    lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
+              max_seqlen_k, softmax_scale, causal, window_left, window_right,
+              deterministic=False):
+    _checks.check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                         max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right)
+    out = reference.output_like(q)
+    lse = q.new_empty(_checks.lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
     return out, lse
 
 
@@ -68,7 +80,60 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seq
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
               deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    _checks.check_bwd_op(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                         seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+                         window_right)
+    return reference.output_like(q), reference.output_like(k), reference.output_like(v)
+
+
+# ---- autograd --------------------------------------------------------------------------------
+
+def _fwd_setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+     softmax_scale, causal, window_left, window_right, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    # max_seqlen may be a SymInt under torch.compile; it is kept as given.
+    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                deterministic)
+    # The kernels give no gradient through lse: it is an output to read, not to train through.
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flash_cuda.bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_q, used_k,
+                                          *ctx.args)
+    # No gradient flows to the 11 arguments after q, k and v.
+    return (dq, dk, dv) + (None,) * 11
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    pass
+
+
+def _bwd_backward(ctx, *grads):
+    raise NotImplementedError("flash_cuda has no double backward: torch.ops.flash_cuda.bwd is "
+                              "not differentiable.")
+
+
+torch.library.register_autograd("flash_cuda::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+torch.library.register_autograd("flash_cuda::bwd", _bwd_backward, setup_context=_bwd_setup_context)
+
+
+# ---- a build without CUDA kernels --------------------------------------------------------------
+
+def _no_cuda_kernels(*args, **kwargs):
+    raise NotImplementedError(
+        "flash_cuda was built without CUDA kernels (no nvcc at build time, a CPU-only torch, or "
+        "FLASH_CUDA_DISABLE_CUDA=1), so it runs only on CPU tensors. Reinstall it with a CUDA "
+        "toolkit whose major version matches torch.version.cuda: `pip install "
+        "--no-build-isolation -e .` (see the README's Install section).")
+
+
+if not HAS_CUDA_KERNELS:
+    torch.library.register_kernel("flash_cuda::fwd", "cuda", _no_cuda_kernels)
+    torch.library.register_kernel("flash_cuda::bwd", "cuda", _no_cuda_kernels)
 
 
 def build_info():
@@ -76,17 +141,17 @@ def build_info():
 
     Keys: archs (compute capabilities compiled for), head_dims ({"fwd": [...], "bwd": [...]},
     the compiled kernel sizes; a head dim without its own kernel runs on the next compiled
-    size up), dtypes
-    (sorted manifest names, e.g. ["bf16", "fp16"]), kernels (one name per compiled kernel),
-    features (flags such as varlen, causal, local, gqa, deterministic_backward) and devices
-    (where the ops run: "cpu" always, through the plain-PyTorch reference, and "cuda" when the
-    build holds kernels).
+    size up), dtypes (sorted manifest names, e.g. ["bf16", "fp16"]), kernels (one name per
+    compiled kernel), families (kernel families compiled, e.g. ["sm80"]), features (flags such
+    as varlen, causal, local, gqa, deterministic_backward) and devices (where the ops run: "cpu"
+    always, through the plain-PyTorch reference, and "cuda" when the build holds kernels).
     """
     info = dict(_C.build_info())
     info["archs"] = list(info["archs"])
     info["head_dims"] = {direction: list(dims) for direction, dims in info["head_dims"].items()}
     info["dtypes"] = sorted(info["dtypes"])
     info["kernels"] = list(info["kernels"])
+    info["families"] = list(info["families"])
     info["features"] = dict(info["features"])
     info["devices"] = ["cpu", "cuda"] if info["kernels"] else ["cpu"]
     return info

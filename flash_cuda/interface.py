@@ -1,10 +1,13 @@
-"""The user API: FlashAttention-3 compatible attention functions over torch.ops.flash_cuda.
+"""The user API: FlashAttention-compatible attention functions over torch.ops.flash_cuda.
 
 Layouts. Dense: q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k, heads_kv,
 head_dim); out like q; softmax_lse float32 (batch, heads_q, seqlen_q). Varlen: sequences packed
 along dimension 0, q (total_q, heads_q, head_dim), k and v (total_k, heads_kv, head_dim),
 cu_seqlens_* int32 (batch + 1,) prefix sums of the lengths; softmax_lse (heads_q, total_q).
-Only the last dimension must be contiguous; any other strides are read in place.
+Any strides are accepted: an input whose last dimension is not contiguous (or whose rows are
+not 16-byte aligned) is copied once, as FlashAttention-3 does; others are read in place. out
+(and each gradient) takes the layout of the input it mirrors when that input is dense with a
+contiguous last dimension, else it is contiguous.
 
 Semantics. softmax(softmax_scale * q k^T) v with softmax_scale defaulting to head_dim ** -0.5.
 Masks are aligned bottom-right, as in FlashAttention: with Lq / Lk the query / key lengths of a
@@ -13,21 +16,27 @@ j <= i + Lk - Lq + window_right (when window_right >= 0); both bounds are inclus
 causal=True means window_right = 0. A row that sees no key gets out = 0 and lse = -inf, and
 no gradient. heads_q may be any multiple of heads_kv (GQA / MQA).
 
-CUDA tensors run the compiled kernels (float16 / bfloat16). CPU tensors run the plain-PyTorch
-reference (float16 / bfloat16 / float32): correct, with float32 accumulation, but not fast.
-num_splits, pack_gqa and sm_margin are performance hints that never change results; they are
-validated and otherwise ignored. dropout_p and alibi_slopes are accepted for FlashAttention-2
-keyword compatibility, with only their defaults supported. deterministic=True asks for a
-reproducible backward: the CPU reference always is one; a CUDA build whose backward is not
+Arguments are converted as FlashAttention-3 converts them: max_seqlen_* may be any
+integer-like (Python or numpy integer, SymInt, one-element integer tensor), window_size any
+length-2 sequence or tensor of integer-likes, softmax_scale any float-like, flags Python or
+numpy bools. CUDA tensors run the compiled kernels (float16 / bfloat16). CPU tensors run the
+plain-PyTorch reference (float16 / bfloat16 / float32): correct, with float32 accumulation, but
+not fast. num_splits, pack_gqa and sm_margin are performance hints that never change results;
+they are validated and otherwise ignored. dropout_p and alibi_slopes are accepted for
+FlashAttention-2 keyword compatibility, s_aux and learnable_sink (attention sinks) for
+FlashAttention-3 / 4 and transformers callers, each only at its default. deterministic=True (or
+torch.use_deterministic_algorithms(True)) asks for a reproducible backward: the CPU reference
+always is one; a CUDA build whose backward is not
 (build_info()["features"]["deterministic_backward"]) rejects it at the call when gradients
 will be needed.
-"""
 
-from typing import Optional
+The autograd formula lives on the op (flash_cuda/_ops.py), so these functions only convert
+arguments; the op's kernels check the tensors.
+"""
 
 import torch
 
-# Importing _ops also registers the CPU and fake kernels of the ops.
+# Importing _ops also registers the CPU, fake and autograd implementations of the ops.
 from flash_cuda import _checks, _ops
 
 __all__ = [
@@ -37,94 +46,77 @@ __all__ = [
     "flash_attn_kvpacked_func",
 ]
 
-
-class _FlashAttnFunction(torch.autograd.Function):
-    """Forward and backward through torch.ops.flash_cuda; dense when cu_seqlens_q is None."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-                max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic):
-        out, lse = torch.ops.flash_cuda.fwd(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-            max_seqlen_k, softmax_scale, causal, window_left, window_right)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
-                              seqused_k)
-        # max_seqlen may be a SymInt under torch.compile; it is kept as given.
-        ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
-        ctx.options = (softmax_scale, causal, window_left, window_right, deterministic)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
-        # Upstream gradients may come broadcast (stride 0) or transposed; the kernels need only
-        # a contiguous last dimension, so copy only then.
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
-        dq, dk, dv = torch.ops.flash_cuda.bwd(
-            dout, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.max_seqlen, *ctx.options)
-        # No gradient flows to the 11 arguments after q, k and v.
-        return (dq, dk, dv) + (None,) * 11
+_fwd = _ops.fwd
 
 
-def _check_options(softmax_scale, causal, window_size, deterministic, return_attn_probs,
-                   hints, unsupported) -> None:
-    _checks.check_softmax_scale(softmax_scale)
-    _checks.check_flag("causal", causal)
-    _checks.check_flag("deterministic", deterministic)
-    _checks.check_flag("return_attn_probs", return_attn_probs)
-    _checks.check_window_size(window_size)
-    _checks.check_hints(**hints)
-    _checks.check_unsupported(**unsupported)
+def _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
+                  alibi_slopes, s_aux, learnable_sink, block_table=None) -> None:
+    """FlashAttention arguments flash_cuda does not implement: each is accepted at its default
+    only, and anything else raises NotImplementedError naming it (never silently dropped)."""
+    if (qv is None and q_descale is None and k_descale is None and v_descale is None
+            and alibi_slopes is None and s_aux is None and learnable_sink is None
+            and block_table is None and attention_chunk == 0 and softcap == 0.0
+            and dropout_p == 0.0):
+        return
+    for name, value in (("qv", qv), ("q_descale", q_descale), ("k_descale", k_descale),
+                        ("v_descale", v_descale), ("alibi_slopes", alibi_slopes),
+                        ("s_aux", s_aux), ("learnable_sink", learnable_sink),
+                        ("block_table", block_table)):
+        _checks.check_not_supported(name, value)
+    _checks.check_at_default("attention_chunk", attention_chunk, 0)
+    _checks.check_at_default("softcap", softcap, 0.0)
+    _checks.check_at_default("dropout_p", dropout_p, 0.0)
 
 
-def _unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
-                 alibi_slopes, block_table=None) -> dict:
-    """FlashAttention arguments without a flash_cuda implementation, as (value, default)."""
-    return dict(qv=(qv, None), q_descale=(q_descale, None), k_descale=(k_descale, None),
-                v_descale=(v_descale, None), attention_chunk=(attention_chunk, 0),
-                softcap=(softcap, 0.0), dropout_p=(dropout_p, 0.0),
-                alibi_slopes=(alibi_slopes, None), block_table=(block_table, None))
-
-
-def _apply(q, k, v, varlen_args, softmax_scale, causal, window_size, deterministic,
-           return_attn_probs):
-    """Runs the autograd function on validated inputs; varlen_args is the 6-tuple or None."""
+def _options(q, k, v, softmax_scale, causal, window_size, deterministic, return_attn_probs,
+             num_splits, pack_gqa, sm_margin):
+    """Converts the options shared by every entry point; returns (scale, causal, left, right,
+    deterministic, return_attn_probs)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _checks.check_is_tensor(name, t)
+    scale = _checks.as_scale(softmax_scale, q.shape[-1])
+    causal = _checks.as_flag("causal", causal)
+    deterministic = _checks.as_flag("deterministic", deterministic)
+    return_attn_probs = _checks.as_flag("return_attn_probs", return_attn_probs)
+    if type(window_size) is tuple and window_size == (-1, -1):
+        left, right = -1, -1
+    else:
+        left, right = _checks.as_window(window_size)
+    if causal:
+        right = 0
+    if not (num_splits == 1 and pack_gqa is None and sm_margin == 0):
+        _checks.check_hints(num_splits, pack_gqa, sm_margin)
     _checks.check_deterministic_backward(deterministic, q, k, v,
                                          _ops.CUDA_DETERMINISTIC_BACKWARD)
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
-    window_left, window_right = window_size
-    if causal:
-        window_right = 0
-    if varlen_args is None:
-        varlen_args = (None, None, None, None, q.shape[1], k.shape[1])
-    out, lse = _FlashAttnFunction.apply(q, k, v, *varlen_args, softmax_scale, causal,
-                                        window_left, window_right, deterministic)
-    return (out, lse) if return_attn_probs else out
+    return scale, causal, left, right, deterministic, return_attn_probs
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
-                    return_attn_probs=False, *, dropout_p=0.0, alibi_slopes=None):
+                    return_attn_probs=False, *, dropout_p=0.0, alibi_slopes=None, s_aux=None,
+                    learnable_sink=None):
     """Dense attention: q (batch, seqlen_q, heads_q, d), k/v (batch, seqlen_k, heads_kv, d).
 
     Returns out like q, or (out, softmax_lse) with return_attn_probs=True, softmax_lse being
     float32 (batch, heads_q, seqlen_q). Masks are bottom-right aligned, windows inclusive,
     causal means window_size[1] = 0; rows that see no key give out 0 and lse -inf. On CPU the
     plain-PyTorch reference runs (correct, not fast). qv, the descales, attention_chunk,
-    softcap, dropout_p and alibi_slopes are accepted only at their defaults; num_splits,
-    pack_gqa and sm_margin are hints with no effect on results.
+    softcap, dropout_p, alibi_slopes, s_aux and learnable_sink are accepted only at their
+    defaults; num_splits, pack_gqa and sm_margin are hints with no effect on results.
     """
-    _checks.check_dense(q, k, v)
-    _check_options(softmax_scale, causal, window_size, deterministic, return_attn_probs,
-                   dict(num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin),
-                   _unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, softcap,
-                                dropout_p, alibi_slopes))
-    return _apply(q, k, v, None, softmax_scale, causal, window_size, deterministic,
-                  return_attn_probs)
+    scale, causal, left, right, deterministic, return_lse = _options(
+        q, k, v, softmax_scale, causal, window_size, deterministic, return_attn_probs,
+        num_splits, pack_gqa, sm_margin)
+    _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
+                  alibi_slopes, s_aux, learnable_sink)
+    if q.dim() != 4:  # the op would name the dense layout too; this keeps shape[1] safe
+        _checks.check_rank("q", q, varlen=False)
+    if k.dim() != 4:
+        _checks.check_rank("k", k, varlen=False)
+    out, lse = _fwd(q, k, v, None, None, None, None, q.shape[1], k.shape[1], scale, causal,
+                    left, right, deterministic)
+    return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -133,38 +125,44 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0,
                            return_attn_probs=False, *, dropout_p=0.0, alibi_slopes=None,
-                           block_table=None):
+                           block_table=None, s_aux=None, learnable_sink=None):
     """Attention over packed variable-length sequences.
 
     q (total_q, heads_q, d), k/v (total_k, heads_kv, d); sequence b owns rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q (int32, batch + 1 entries, starting at 0) and
-    likewise for k/v. max_seqlen_q / max_seqlen_k (int or SymInt) must be at least the longest
-    sequence. seqused_q / seqused_k (int32, (batch,)) optionally keep only the first
-    seqused[b] rows of each sequence; the others get out 0, lse -inf and zero gradients.
-    Returns out like q, or (out, softmax_lse) with softmax_lse float32 (heads_q, total_q).
-    Masks, defaults and unsupported arguments are as in flash_attn_func; on CPU the reference
-    runs (correct, not fast).
+    likewise for k/v. max_seqlen_q / max_seqlen_k (integer-likes) must be at least the longest
+    sequence (checked on CPU; on CUDA checking would need a device sync). seqused_q / seqused_k
+    (int32, (batch,)) optionally keep only the first seqused[b] rows of each sequence; the
+    others get out 0, lse -inf and zero gradients. Returns out like q, or (out, softmax_lse)
+    with softmax_lse float32 (heads_q, total_q). Masks, defaults and unsupported arguments are
+    as in flash_attn_func; on CPU the reference runs (correct, not fast).
     """
-    _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         seqused_q, seqused_k)
-    _check_options(softmax_scale, causal, window_size, deterministic, return_attn_probs,
-                   dict(num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin),
-                   _unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, softcap,
-                                dropout_p, alibi_slopes, block_table))
-    varlen_args = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    return _apply(q, k, v, varlen_args, softmax_scale, causal, window_size, deterministic,
-                  return_attn_probs)
+    scale, causal, left, right, deterministic, return_lse = _options(
+        q, k, v, softmax_scale, causal, window_size, deterministic, return_attn_probs,
+        num_splits, pack_gqa, sm_margin)
+    _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
+                  alibi_slopes, s_aux, learnable_sink, block_table)
+    _checks.check_is_tensor("cu_seqlens_q", cu_seqlens_q)
+    _checks.check_is_tensor("cu_seqlens_k", cu_seqlens_k)
+    _checks.check_optional_tensor("seqused_q", seqused_q)
+    _checks.check_optional_tensor("seqused_k", seqused_k)
+    max_seqlen_q = _checks.as_int("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _checks.as_int("max_seqlen_k", max_seqlen_k)
+    out, lse = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                    max_seqlen_k, scale, causal, left, right, deterministic)
+    return (out, lse) if return_lse else out
 
 
-def _split_qkv(qkv, num_heads_q: Optional[int]):
+def _split_qkv(qkv, num_heads_q):
     """Views q, k, v of a packed qkv: (b, s, 3, h, d), or (b, s, hq + 2 * hkv, d) with
     num_heads_q given (FlashAttention-3's GQA packing)."""
     if num_heads_q is None:
         _checks.check_packed("qkv", qkv, 3, "(batch, seqlen, 3, heads, head_dim)")
         return qkv.unbind(dim=2)
     _checks.check_is_tensor("qkv", qkv)
-    if isinstance(num_heads_q, bool) or not isinstance(num_heads_q, int) or num_heads_q <= 0:
-        raise TypeError(f"num_heads_q must be a positive int or None; got {num_heads_q!r}.")
+    num_heads_q = _checks.as_int("num_heads_q", num_heads_q)
+    if num_heads_q <= 0:
+        raise ValueError(f"num_heads_q must be a positive int or None; got {num_heads_q!r}.")
     heads_kv2 = qkv.shape[2] - num_heads_q if qkv.dim() == 4 else -1
     if heads_kv2 <= 0 or heads_kv2 % 2 != 0:
         raise ValueError(f"with num_heads_q={num_heads_q}, qkv must be 4-D (batch, seqlen, "
@@ -177,7 +175,8 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                               attention_chunk=0, softcap=0.0, deterministic=False,
                               num_heads_q=None, sm_margin=0, return_attn_probs=False, *,
                               dropout_p=0.0, alibi_slopes=None):
-    """Self-attention on a packed qkv (batch, seqlen, 3, heads, d), read through views.
+    """Self-attention on a packed qkv (batch, seqlen, 3, heads, d), read through views
+    (FlashAttention-3's signature).
 
     With num_heads_q, qkv is (batch, seqlen, num_heads_q + 2 * heads_kv, d) instead. The
     gradient flows back into qkv. Everything else is as in flash_attn_func.
@@ -191,16 +190,19 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                            alibi_slopes=alibi_slopes)
 
 
-def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, qv=None, q_descale=None,
-                             k_descale=None, v_descale=None, window_size=(-1, -1),
-                             attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None,
-                             deterministic=False, sm_margin=0, return_attn_probs=False, *,
-                             dropout_p=0.0, alibi_slopes=None):
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
     """Attention with k and v packed as kv (batch, seqlen_k, 2, heads_kv, d), read through
-    views; q (batch, seqlen_q, heads_q, d). Everything else is as in flash_attn_func."""
+    views; q (batch, seqlen_q, heads_q, d). FlashAttention-2's signature (FlashAttention-3 has
+    no kvpacked function): dropout_p comes third, and return_attn_probs=True returns
+    (out, softmax_lse, None), the None standing for FlashAttention-2's S_dmask, which exists
+    only with dropout. Everything else is as in flash_attn_func.
+    """
     _checks.check_packed("kv", kv, 2, "(batch, seqlen_k, 2, heads_kv, head_dim)")
     k, v = kv.unbind(dim=2)
-    return flash_attn_func(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale,
-                           window_size, attention_chunk, softcap, num_splits, pack_gqa,
-                           deterministic, sm_margin, return_attn_probs, dropout_p=dropout_p,
-                           alibi_slopes=alibi_slopes)
+    result = flash_attn_func(q, k, v, softmax_scale, causal, window_size=window_size,
+                             softcap=softcap, deterministic=deterministic,
+                             return_attn_probs=return_attn_probs, dropout_p=dropout_p,
+                             alibi_slopes=alibi_slopes)
+    return result + (None,) if isinstance(result, tuple) else result

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "output_like",
     "attention_forward_reference",
     "attention_backward_reference",
     "attention_naive",
@@ -223,6 +224,15 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, chunk_size) -> None:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}.")
 
 
+def output_like(t: Tensor, zeroed: bool = False) -> Tensor:
+    """A new tensor for the output that mirrors `t` (out and dq mirror q, dk k, dv v): t's own
+    layout when its last dim is contiguous (empty_like keeps the strides of a dense tensor),
+    else contiguous. The CUDA kernels allocate the same way (Note [Output layout] in
+    csrc/ops/attention_cuda.cpp)."""
+    new = torch.empty_like(t) if t.stride(-1) == 1 else t.new_empty(t.shape)
+    return new.zero_() if zeroed else new
+
+
 def _default_scale(q: Tensor, softmax_scale: Optional[float]) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
 
@@ -257,7 +267,7 @@ def attention_forward_reference(
     window = _resolve_window(causal, window_left, window_right)
     spans = _sequence_spans(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     # Rows no span covers (past seqused_q or cu_seqlens_q[-1]) keep out = 0 and lse = -inf.
-    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    out = output_like(q, zeroed=True)
     lse_shape = _lse_shape(q, cu_seqlens_q is not None)
     lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
     for span in spans:
@@ -293,9 +303,7 @@ def attention_backward_reference(
     window = _resolve_window(causal, window_left, window_right)
     spans = _sequence_spans(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     # Tokens no span covers take no part in attention, so their gradients stay 0.
-    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = (output_like(t, zeroed=True) for t in (q, k, v))
     for span in spans:
         qi, ki = span.q_index, span.k_index
         grads = _backward_sequence(dout[qi], q[qi], k[ki], v[ki], out[qi], lse[span.lse_index],

@@ -237,7 +237,9 @@ def test_kvpacked_matches_unpacked():
     kv = _randn(2, 13, 2, 2, HEAD_DIM, gen=gen)
     dout = _randn(2, 7, 4, HEAD_DIM, gen=gen)
     q_leaf, kv_leaf = q.clone().requires_grad_(), kv.clone().requires_grad_()
-    out, lse = flash_attn_kvpacked_func(q_leaf, kv_leaf, causal=True, return_attn_probs=True)
+    out, lse, s_dmask = flash_attn_kvpacked_func(q_leaf, kv_leaf, causal=True,
+                                                 return_attn_probs=True)
+    assert s_dmask is None  # FlashAttention-2's dropout mask, absent without dropout
     dq, dkv = torch.autograd.grad(out, (q_leaf, kv_leaf), dout)
     k, v = kv.unbind(2)
     _assert_matches_oracle((out, lse, (dq, *dkv.unbind(2))), _oracle(q, k, v, dout, causal=True))
@@ -311,7 +313,96 @@ def test_package_exports():
     assert "cpu" in flash_cuda.build_info()["devices"]
 
 
-# ---- rejected inputs -------------------------------------------------------------------------
+def test_kvpacked_follows_flash_attention_2():
+    """FlashAttention-2's positional order: (q, kv, dropout_p, softmax_scale, causal, ...)."""
+    assert list(inspect.signature(flash_attn_kvpacked_func).parameters) == [
+        "q", "kv", "dropout_p", "softmax_scale", "causal", "window_size", "softcap",
+        "alibi_slopes", "deterministic", "return_attn_probs"]
+    gen = torch.Generator().manual_seed(20)
+    q, kv = _randn(2, 7, 4, HEAD_DIM, gen=gen), _randn(2, 9, 2, 2, HEAD_DIM, gen=gen)
+    expected = flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], 0.3, True, window_size=(4, 0))
+    actual = flash_attn_kvpacked_func(q, kv, 0.0, 0.3, True, (4, 0))
+    torch.testing.assert_close(actual, expected, atol=0, rtol=0)
+
+
+class _NumpyLike:
+    """Stand-ins for numpy scalars when numpy is absent: an integer with __index__."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
+def _integer_likes(value):
+    """The integer-likes FlashAttention-3 accepts for max_seqlen (its C++ binding converts
+    them): Python int, numpy integer, 0-d and 1-element integer tensors."""
+    likes = [value, torch.tensor(value), torch.tensor([value], dtype=torch.int32)]
+    try:
+        import numpy as np
+        likes += [np.int64(value), np.int32(value)]
+    except ImportError:
+        pass
+    return likes
+
+
+def test_fa3_argument_conversions_give_the_same_result():
+    gen = torch.Generator().manual_seed(21)
+    q_lens, k_lens = [3, 7, 5], [4, 9, 2]
+    q, k, v, _ = _varlen(q_lens, k_lens, (4, 2), gen)
+    cu_q, cu_k = _cu(q_lens), _cu(k_lens)
+    expected = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 9, softmax_scale=0.25,
+                                      causal=True, window_size=(3, 0))
+    windows = [[3, 0], (3, 0), torch.tensor([3, 0]), torch.tensor([3, 0], dtype=torch.int32)]
+    scales = [0.25, torch.tensor(0.25).item()]
+    flags = [True, torch.tensor(True)]
+    try:
+        import numpy as np
+        windows += [np.array([3, 0]), (np.int64(3), np.int32(0))]
+        scales += [np.float32(0.25), np.float64(0.25)]
+        flags += [np.bool_(True)]
+    except ImportError:
+        pass
+    for max_q, max_k in zip(_integer_likes(7), _integer_likes(9)):
+        for window in windows:
+            for scale in scales:
+                for causal in flags:
+                    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
+                                                 softmax_scale=scale, causal=causal,
+                                                 window_size=window)
+                    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_integer_scale_is_a_float_like():
+    gen = torch.Generator().manual_seed(22)
+    q, k, v, _ = _dense(1, 6, 6, (2, 2), gen)
+    torch.testing.assert_close(flash_attn_func(q, k, v, softmax_scale=1),
+                               flash_attn_func(q, k, v, softmax_scale=1.0), atol=0, rtol=0)
+
+
+def test_last_dim_strided_inputs_are_copied_once():
+    """A non-unit last stride is not an error: the input is copied (as FlashAttention-3 does)."""
+    gen = torch.Generator().manual_seed(23)
+    q, k, v, dout = _dense(2, 9, 11, (4, 2), gen)
+    strided = [torch.stack([t, torch.full_like(t, float("nan"))], dim=-1)[..., 0]
+               for t in (q, k, v)]
+    assert all(t.stride(-1) == 2 for t in strided)
+    _assert_matches_oracle(_run(flash_attn_func, strided, dout, causal=True),
+                           _oracle(q, k, v, dout, causal=True))
+
+
+def test_outputs_take_the_layout_of_their_inputs():
+    """out and dq mirror q, dk k, dv v when those are dense: SDPA's (b, h, s, d) tensors viewed as
+    (b, s, h, d) give outputs that view back to (b, h, s, d) contiguous."""
+    gen = torch.Generator().manual_seed(24)
+    bhsd = [_randn(2, h, n, HEAD_DIM, gen=gen) for h, n in ((4, 9), (2, 11), (2, 11))]
+    leaves = [t.requires_grad_() for t in bhsd]
+    out = flash_attn_func(*(t.transpose(1, 2) for t in leaves), causal=True)
+    assert out.transpose(1, 2).is_contiguous()
+    out.backward(torch.ones_like(out))
+    assert all(t.grad.is_contiguous() for t in leaves)
+
 
 def _valid_dense():
     gen = torch.Generator().manual_seed(12)
@@ -326,159 +417,7 @@ def _valid_varlen():
                 max_seqlen_q=3, max_seqlen_k=4)
 
 
-def _dense_with(**changes):
-    kw = _valid_dense()
-    for name, change in changes.items():
-        kw[name] = change(kw.get(name))
-    return lambda: flash_attn_func(**kw)
-
-
-def _varlen_with(**changes):
-    kw = _valid_varlen()
-    for name, change in changes.items():
-        kw[name] = change(kw.get(name))
-    return lambda: flash_attn_varlen_func(**kw)
-
-
-def _const(value):
-    return lambda _: value
-
-
-def _all_qkv(transform):
-    return dict(q=transform, k=transform, v=transform)
-
-
-def _with_head_dim(d):
-    return lambda t: torch.randn(*t.shape[:-1], d)
-
-
-def _int_tensor(t):
-    return torch.randint(1, 5, t.shape, dtype=torch.int32)
-
-
-def _last_dim_strided(t):
-    return torch.randn(*t.shape[:-1], 2 * t.shape[-1])[..., ::2]
-
-
-BAD_INPUTS = [
-    ("q_not_tensor", _dense_with(q=lambda t: t.tolist()), TypeError, "q must be a torch.Tensor"),
-    ("dtype_int32", _dense_with(**_all_qkv(_int_tensor)), ValueError, "q has dtype int32"),
-    ("dtype_float64", _dense_with(**_all_qkv(lambda t: t.double())), ValueError,
-     "q has dtype float64"),
-    ("mixed_dtypes", _dense_with(k=lambda t: t.half()), ValueError,
-     "q, k, v must share one dtype.*k float16"),
-    ("mixed_devices", _dense_with(k=lambda t: t.to("meta")), ValueError,
-     "same device.*k on meta"),
-    ("q_rank", _dense_with(q=lambda t: t[0]), ValueError, "q must be 4-D"),
-    ("k_last_dim_strided", _dense_with(k=_last_dim_strided), ValueError,
-     r"k must be contiguous in its last \(head_dim\) dimension"),
-    ("head_dim_7", _dense_with(**_all_qkv(_with_head_dim(7))), ValueError,
-     "head dim.*multiple of 8.*got 7"),
-    ("head_dim_264", _dense_with(**_all_qkv(_with_head_dim(264))), ValueError,
-     "head dim.*between 8 and 256.*got 264"),
-    ("head_dim_mismatch", _dense_with(v=_with_head_dim(32)), ValueError,
-     "q, k and v must share the head dim"),
-    ("heads_not_multiple", _dense_with(q=lambda t: torch.randn(2, 5, 3, HEAD_DIM)), ValueError,
-     r"heads of q \(3\) must be a multiple of the number of heads of k and v \(2\)"),
-    ("batch_mismatch", _dense_with(q=lambda t: torch.randn(3, 5, 4, HEAD_DIM)), ValueError,
-     "same batch size"),
-    ("kv_shape_mismatch", _dense_with(v=lambda t: torch.randn(2, 8, 2, HEAD_DIM)), ValueError,
-     "k and v must have the same shape"),
-    ("varlen_q_rank", _varlen_with(q=lambda t: t[None]), ValueError, "q must be 3-D"),
-    ("cu_seqlens_int64", _varlen_with(cu_seqlens_q=lambda t: t.long()), ValueError,
-     "cu_seqlens_q must have dtype int32"),
-    ("cu_seqlens_wrong_length", _varlen_with(cu_seqlens_k=_const(_cu([4]))), ValueError,
-     "cu_seqlens_k must be 1-D with 3 entries"),
-    ("cu_seqlens_2d", _varlen_with(cu_seqlens_q=lambda t: t[None]), ValueError,
-     "cu_seqlens_q must be 1-D"),
-    ("cu_seqlens_decreasing",
-     _varlen_with(cu_seqlens_q=_const(torch.tensor([0, 4, 3], dtype=torch.int32))), ValueError,
-     r"cu_seqlens_q must be nondecreasing.*cu_seqlens_q\[1\] = 4"),
-    ("cu_seqlens_not_from_zero",
-     _varlen_with(cu_seqlens_k=_const(torch.tensor([1, 4, 7], dtype=torch.int32))), ValueError,
-     "cu_seqlens_k must start at 0"),
-    ("cu_seqlens_past_total",
-     _varlen_with(cu_seqlens_k=_const(torch.tensor([0, 4, 8], dtype=torch.int32))), ValueError,
-     r"cu_seqlens_k\[-1\] = 8 exceeds the 7 rows"),
-    ("cu_seqlens_other_device", _varlen_with(cu_seqlens_q=lambda t: t.to("meta")), ValueError,
-     "cu_seqlens_q must be on q's device"),
-    ("cu_seqlens_strided",
-     _varlen_with(cu_seqlens_q=_const(torch.tensor([0, 9, 2, 9, 5], dtype=torch.int32)[::2])),
-     ValueError, "cu_seqlens_q must be contiguous"),
-    ("cu_seqlens_not_tensor", _varlen_with(cu_seqlens_q=lambda t: t.tolist()), TypeError,
-     "cu_seqlens_q must be a torch.Tensor"),
-    ("seqused_wrong_length", _varlen_with(seqused_k=_const(torch.ones(3, dtype=torch.int32))),
-     ValueError, "seqused_k must be 1-D with 2 entries"),
-    ("seqused_int64", _varlen_with(seqused_q=_const(torch.ones(2, dtype=torch.int64))),
-     ValueError, "seqused_q must have dtype int32"),
-    ("seqused_past_sequence", _varlen_with(seqused_k=_const(torch.tensor([4, 5],
-                                                                         dtype=torch.int32))),
-     ValueError, r"seqused_k\[1\] = 5 must lie in \[0, 3\]"),
-    ("max_seqlen_negative", _varlen_with(max_seqlen_q=_const(-1)), ValueError,
-     "max_seqlen_q must be >= 0"),
-    ("max_seqlen_float", _varlen_with(max_seqlen_k=_const(4.0)), TypeError,
-     "max_seqlen_k must be an int"),
-    ("max_seqlen_too_small", _varlen_with(max_seqlen_q=_const(2)), ValueError,
-     r"max_seqlen_q = 2 is smaller than the longest sequence in cu_seqlens_q \(3\)"),
-    ("window_minus_2", _dense_with(window_size=_const((-2, 0))), ValueError,
-     "window_size entries must be >= -1"),
-    ("window_not_pair", _dense_with(window_size=_const((3,))), TypeError,
-     "window_size must be a pair"),
-    ("window_float", _dense_with(window_size=_const((3.0, 0))), TypeError,
-     "window_size entries must be ints"),
-    ("softmax_scale_nan", _dense_with(softmax_scale=_const(float("nan"))), ValueError,
-     "softmax_scale must be a finite number > 0"),
-    ("softmax_scale_zero", _dense_with(softmax_scale=_const(0.0)), ValueError,
-     "softmax_scale must be a finite number > 0"),
-    ("softmax_scale_negative", _dense_with(softmax_scale=_const(-0.5)), ValueError,
-     "softmax_scale must be a finite number > 0"),
-    ("softmax_scale_underflows_float32", _dense_with(softmax_scale=_const(1e-40)), ValueError,
-     r"softmax_scale must be a finite number > 0, within \[1e-30, 1e\+30\]"),
-    ("softmax_scale_huge", _dense_with(softmax_scale=_const(1e31)), ValueError,
-     "softmax_scale must be a finite number > 0"),
-    ("softmax_scale_tensor", _dense_with(softmax_scale=_const(torch.tensor(0.5))), TypeError,
-     "softmax_scale must be a float"),
-    ("causal_not_bool", _dense_with(causal=_const(None)), TypeError, "causal must be a bool"),
-    ("num_splits_negative", _dense_with(num_splits=_const(-1)), ValueError,
-     "num_splits must be an int >= 0"),
-    ("pack_gqa_str", _dense_with(pack_gqa=_const("yes")), TypeError,
-     "pack_gqa must be a bool or None"),
-    ("sm_margin_negative", _dense_with(sm_margin=_const(-4)), ValueError,
-     "sm_margin must be an int >= 0"),
-    ("softcap", _dense_with(softcap=_const(1.0)), NotImplementedError, "^softcap=1.0 is not"),
-    ("dropout_p", _dense_with(dropout_p=_const(0.1)), NotImplementedError, "^dropout_p=0.1"),
-    ("alibi_slopes", _dense_with(alibi_slopes=_const(torch.rand(4) + 0.1)),
-     NotImplementedError, "^alibi_slopes=<tensor> is not supported"),
-    ("qv", _dense_with(qv=_const(torch.randn(2, 5, 4, HEAD_DIM))), NotImplementedError, "^qv="),
-    ("q_descale", _dense_with(q_descale=_const(torch.ones(2, 2))), NotImplementedError,
-     "^q_descale="),
-    ("k_descale", _dense_with(k_descale=_const(torch.ones(2, 2))), NotImplementedError,
-     "^k_descale="),
-    ("v_descale", _dense_with(v_descale=_const(torch.ones(2, 2))), NotImplementedError,
-     "^v_descale="),
-    ("attention_chunk", _dense_with(attention_chunk=_const(16)), NotImplementedError,
-     "^attention_chunk=16"),
-    ("varlen_softcap", _varlen_with(softcap=_const(2.0)), NotImplementedError, "^softcap="),
-    ("block_table", _varlen_with(block_table=_const(torch.ones(2, 1, dtype=torch.int32))),
-     NotImplementedError, "^block_table="),
-    ("qkv_not_5d", lambda: flash_attn_qkvpacked_func(torch.randn(2, 5, 3, HEAD_DIM)),
-     ValueError, r"qkv must be 5-D \(batch, seqlen, 3, heads, head_dim\)"),
-    ("qkv_num_heads_q_odd", lambda: flash_attn_qkvpacked_func(torch.randn(2, 5, 7, HEAD_DIM),
-                                                              num_heads_q=4),
-     ValueError, "with num_heads_q=4, qkv must be 4-D"),
-    ("kv_wrong_pack", lambda: flash_attn_kvpacked_func(torch.randn(2, 5, 4, HEAD_DIM),
-                                                       torch.randn(2, 5, 3, 2, HEAD_DIM)),
-     ValueError, r"kv must be 5-D \(batch, seqlen_k, 2, heads_kv, head_dim\)"),
-]
-
-
-@pytest.mark.fast
-@pytest.mark.parametrize("call,exc,match", [pytest.param(*case[1:], id=case[0])
-                                            for case in BAD_INPUTS])
-def test_bad_input_is_rejected(call, exc, match):
-    with pytest.raises(exc, match=match):
-        call()
-
+# ---- rejected inputs: tests/test_checks.py ---------------------------------------------------
 
 def test_deterministic_backward_on_cuda_is_checked_at_the_call():
     """Where the CUDA backward is not deterministic, deterministic=True fails in the forward
@@ -497,6 +436,26 @@ def test_deterministic_backward_on_cuda_is_checked_at_the_call():
             with torch.no_grad():
                 flash_attn_func(q, q, q, deterministic=True)
         flash_attn_func(q, q, q, deterministic=False)
+
+
+def test_deterministic_algorithms_count_as_deterministic_true():
+    """torch.use_deterministic_algorithms(True) is honoured like deterministic=True; with
+    warn_only=True the call goes ahead (the backward warns, as torch's own ops do)."""
+    supported = flash_cuda.build_info()["features"]["deterministic_backward"]
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        with FakeTensorMode():
+            q = torch.empty(1, 4, 2, HEAD_DIM, device="cuda", dtype=torch.float16,
+                            requires_grad=True)
+            torch.use_deterministic_algorithms(True)
+            if not supported:
+                with pytest.raises(NotImplementedError, match="use_deterministic_algorithms"):
+                    flash_attn_func(q, q, q)
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            flash_attn_func(q, q, q)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _packed_call(fn, **kw):

@@ -19,7 +19,7 @@ from flash_cuda import flash_attn_func, flash_attn_varlen_func
 HEAD_DIM = 16
 FWD_ARGS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
             "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_left",
-            "window_right"]
+            "window_right", "deterministic"]
 BWD_ARGS = ["dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k",
             "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
             "window_left", "window_right", "deterministic"]
@@ -128,28 +128,53 @@ OPCHECK_CASES = {
 }
 
 
+def _requiring_grad(args):
+    return tuple(a.detach().clone().requires_grad_()
+                 if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
 @pytest.mark.parametrize("case", list(OPCHECK_CASES))
 def test_opcheck(case):
-    # Inputs do not require grad: the ops have no autograd formula of their own (autograd is
-    # the autograd.Function in interface.py, so that the saved tensors and the SymInt
-    # max_seqlen stay Python-side), and opcheck's autograd tests would rightly report that
-    # backpropagating through the bare op is unsupported. test_opcheck_with_grad_inputs covers
-    # the remaining utils with grad-requiring inputs.
+    """Every opcheck test, autograd registration and AOT dispatch (forward + backward through
+    the registered formula) included, with inputs that require grad."""
     gen = torch.Generator().manual_seed(1)
     fwd_args = OPCHECK_CASES[case](gen)
-    torch.library.opcheck(torch.ops.flash_cuda.fwd.default, fwd_args)
+    torch.library.opcheck(torch.ops.flash_cuda.fwd.default, _requiring_grad(fwd_args))
     for deterministic in (False, True):
-        torch.library.opcheck(torch.ops.flash_cuda.bwd.default,
-                              _bwd_args(fwd_args, gen, deterministic))
+        bwd_args = _bwd_args(fwd_args, gen, deterministic)
+        torch.library.opcheck(torch.ops.flash_cuda.bwd.default, bwd_args)
+        # bwd has an autograd kernel too (it raises: there is no double backward).
+        torch.library.opcheck(torch.ops.flash_cuda.bwd.default, _requiring_grad(bwd_args),
+                              test_utils=("test_schema", "test_autograd_registration",
+                                          "test_faketensor"))
 
 
-def test_opcheck_with_grad_inputs():
+def test_direct_op_call_is_differentiable():
+    """The autograd formula lives on the op: a bare torch.ops call backpropagates, and agrees
+    with the Python API."""
     gen = torch.Generator().manual_seed(2)
-    for fwd_args in (_dense_args(gen), _varlen_args(gen)):
-        leaves = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                       else a for a in fwd_args)
-        torch.library.opcheck(torch.ops.flash_cuda.fwd.default, leaves,
-                              test_utils=("test_schema", "test_faketensor"))
+    fwd_args = _requiring_grad(_varlen_args(gen))
+    out, lse = torch.ops.flash_cuda.fwd(*fwd_args)
+    assert out.requires_grad and not lse.requires_grad
+    dout = _randn(*out.shape, gen=gen)
+    grads = torch.autograd.grad(out, fwd_args[:3], dout)
+    q, k, v, cu_q, cu_k, _, _, max_q, max_k, scale, causal, left, right = fwd_args
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    api_out = flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, softmax_scale=scale,
+                                     causal=causal, window_size=(left, right))
+    api_grads = torch.autograd.grad(api_out, leaves, dout)
+    torch.testing.assert_close(out, api_out, atol=0, rtol=0)
+    for a, b in zip(grads, api_grads):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_no_double_backward():
+    gen = torch.Generator().manual_seed(3)
+    fwd_args = _requiring_grad(_dense_args(gen))
+    out, _ = torch.ops.flash_cuda.fwd(*fwd_args)
+    (dq,) = torch.autograd.grad(out.sum(), fwd_args[0], create_graph=True)
+    with pytest.raises(NotImplementedError, match="no double backward"):
+        dq.sum().backward()
 
 
 def test_cpu_kernel_deterministic_flag():

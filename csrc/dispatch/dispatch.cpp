@@ -7,8 +7,16 @@
 namespace flash_cuda {
 namespace {
 
+// One compiled kernel as the dispatcher looks it up.
+struct KernelKey {
+  const char* direction;
+  ArchFamily family;
+  DType dtype;
+  int head_dim;
+};
+
 struct TableEntry {
-  KernelEntry key;
+  KernelKey key;
   FwdLauncher fwd;
   BwdLauncher bwd;
 };
@@ -95,20 +103,6 @@ bool family_for_arch(int sm, ArchFamily* family, std::string* error) {
 KernelChoice find_fwd(int sm, DType dtype, int head_dim) { return find("fwd", sm, dtype, head_dim); }
 KernelChoice find_bwd(int sm, DType dtype, int head_dim) { return find("bwd", sm, dtype, head_dim); }
 
-std::vector<KernelEntry> compiled_kernels() {
-  std::vector<KernelEntry> out;
-  for (const TableEntry& e : table()) out.push_back(e.key);
-  return out;
-}
-
 std::vector<int> compiled_archs() { return FLASH_CUDA_BUILD_ARCHS; }
-
-const char* dtype_short_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
-
-std::string kernel_name(const KernelEntry& e) {
-  const char* family = "sm80";  // the only family so far; see ArchFamily
-  return std::string(e.direction) + "_" + family + "_" + dtype_short_name(e.dtype) + "_hdim" +
-         std::to_string(e.head_dim);
-}
 
 }  // namespace flash_cuda

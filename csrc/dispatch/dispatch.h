@@ -28,18 +28,7 @@ bool family_for_arch(int sm, ArchFamily* family, std::string* error);
 KernelChoice find_fwd(int sm, DType dtype, int head_dim);
 KernelChoice find_bwd(int sm, DType dtype, int head_dim);
 
-// What the build holds, for build_info().
-struct KernelEntry {
-  const char* direction;
-  ArchFamily family;
-  DType dtype;
-  int head_dim;
-};
-std::vector<KernelEntry> compiled_kernels();
-// The manifest's name of a kernel, e.g. "fwd_sm80_bf16_hdim128".
-std::string kernel_name(const KernelEntry& entry);
-// The manifest's name of a dtype: "fp16" / "bf16".
-const char* dtype_short_name(DType dtype);
+// The archs this build compiled for (generated/build_info.inc).
 std::vector<int> compiled_archs();
 
 }  // namespace flash_cuda

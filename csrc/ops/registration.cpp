@@ -1,0 +1,98 @@
+// The op schemas of torch.ops.flash_cuda.* and the flash_cuda._C module (build_info).  It needs
+// no CUDA, so a build without nvcc still defines the ops: their CPU, fake and autograd
+// implementations are registered from Python (flash_cuda/_ops.py), the CUDA ones in
+// attention_cuda.cpp.
+#include <pybind11/pybind11.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+namespace flash_cuda {
+namespace {
+
+struct BuiltKernel {
+  const char* name;  // the manifest's, e.g. "fwd_sm80_bf16_hdim128"
+  const char* direction;
+  const char* family;
+  const char* dtype;  // the manifest's short name: "bf16" / "fp16"
+  int head_dim;
+};
+
+#include "generated/build_info.inc"
+
+const std::vector<BuiltKernel> kKernels = FLASH_CUDA_BUILD_KERNELS;
+const std::vector<int> kArchs = FLASH_CUDA_BUILD_ARCHS;
+
+pybind11::dict build_info() {
+  pybind11::dict info, head_dims, features;
+  pybind11::list archs, kernels, families;
+  pybind11::set dtypes;
+  head_dims["fwd"] = pybind11::list();
+  head_dims["bwd"] = pybind11::list();
+  for (int arch : kArchs) archs.append(arch);
+  for (const BuiltKernel& k : kKernels) {
+    kernels.append(k.name);
+    pybind11::list dims = head_dims[k.direction];
+    if (!dims.contains(k.head_dim)) dims.append(k.head_dim);
+    dtypes.add(k.dtype);
+    if (!families.contains(k.family)) families.append(k.family);
+  }
+  info["archs"] = archs;
+  info["head_dims"] = head_dims;
+  info["dtypes"] = dtypes;
+  info["kernels"] = kernels;
+  info["families"] = families;
+  features["backward"] = pybind11::len(head_dims["bwd"]) > 0;
+  features["varlen"] = true;
+  features["causal"] = true;
+  features["local"] = true;
+  features["gqa"] = true;
+  features["seqused"] = true;
+  features["deterministic_backward"] = false;
+  info["features"] = features;
+  return info;
+}
+
+// The message of a failed TORCH_CHECK that formats a double and an integer: the build's check
+// that the extension formats numbers with the C++ runtime torch uses (Note [One C++ runtime] in
+// csrc/toolchain.py).  tests/test_build.py calls it.
+std::string check_message_with_numbers(double x, int64_t n) {
+  try {
+    TORCH_CHECK_VALUE(false, "formatted ", x, " and ", n);
+  } catch (const c10::ValueError& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+}  // namespace
+}  // namespace flash_cuda
+
+// Schemas are written once, here.  Dense when cu_seqlens_q is None; max_seqlen_* are SymInt so
+// that a traced value needs no host sync.  fwd's `deterministic` only reaches its autograd
+// formula (flash_cuda/_ops.py), which passes it to bwd.
+TORCH_LIBRARY(flash_cuda, m) {
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+      "Tensor? seqused_q, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+      "float softmax_scale, bool causal, int window_left, int window_right, "
+      "bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, "
+      "SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
+      "int window_left, int window_right, bool deterministic) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "flash_cuda's compiled part: the torch.ops.flash_cuda schemas and CUDA kernels";
+  m.def("build_info", &flash_cuda::build_info,
+        "What this build holds: archs, head dims per direction, dtypes, kernels, families, "
+        "features.");
+  m.def("_check_message_with_numbers", &flash_cuda::check_message_with_numbers,
+        "The message of a failed check 'formatted <x> and <n>': a self-test of the C++ runtime.");
+}

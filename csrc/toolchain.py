@@ -1,0 +1,152 @@
+"""Build-time checks of the compilers setup.py hands to torch's extension builder.
+
+Two checks, both run before anything is compiled, so that a bad toolchain fails the build with
+a message instead of producing an extension that misbehaves at run time:
+
+* `check_cxx_runtime`: the C++ compiler must link the extension against the C++ runtime that
+  torch and the interpreter already use (Note [One C++ runtime]).
+* `cuda_toolkit` / `check_cuda_versions`: nvcc's CUDA major version must be torch's.
+
+Plain Python with no torch import at module level; tests load it like csrc/manifest.py.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+# Note [One C++ runtime]
+# A C++ compiler that is not the system's (seen: CXX=/opt/gcc/bin/g++ on a CUDA image whose
+# torch and Python use /usr/lib/x86_64-linux-gnu/libstdc++.so.6) can link parts of its own
+# libstdc++ into every shared library it builds. The extension then carries private copies of
+# functions such as std::ostream::_M_insert<double> that run against stream and locale objects of
+# the process's libstdc++: formatting a number into a c10::str / TORCH_CHECK message crashed the
+# process with SIGSEGV there, and with `g++ -static-libstdc++` here it silently printed nothing.
+# The probe below builds a tiny shared library the way the extension is linked, loads it into a
+# Python that has imported torch, and checks that it formats numbers; a compiler that fails is
+# replaced by the system compiler when that one passes, and the build stops otherwise.
+
+_PROBE_SOURCE = r"""
+#include <cstring>
+#include <sstream>
+#include <string>
+extern "C" int flash_cuda_probe(double x, char* out, int n) {
+  std::ostringstream s;
+  s << "got " << x << " and " << 42L;
+  const std::string r = s.str();
+  std::strncpy(out, r.c_str(), n - 1);
+  out[n - 1] = 0;
+  return static_cast<int>(r.size());
+}
+"""
+_PROBE_EXPECTED = "got 0.5 and 42"
+_PROBE_RUN = (
+    "import ctypes, sys, torch\n"
+    "lib = ctypes.CDLL(sys.argv[1])\n"
+    "buf = ctypes.create_string_buffer(64)\n"
+    "lib.flash_cuda_probe(ctypes.c_double(0.5), buf, 64)\n"
+    "print(buf.value.decode())\n")
+
+
+def _link_flags():
+    """The flags after the compiler in Python's LDSHARED (e.g. -shared -Wl,-O1
+    -Wl,-Bsymbolic-functions): setuptools links extensions with them."""
+    ldshared = (sysconfig.get_config_var("LDSHARED") or "").split()
+    flags = [f for f in ldshared[1:] if f.startswith(("-Wl,", "-shared", "-pthread"))]
+    return flags if "-shared" in flags else ["-shared"] + flags
+
+
+def probe_cxx(cxx, python=sys.executable):
+    """(ok, detail): whether `cxx` links a shared library that formats numbers correctly when
+    loaded beside torch. `cxx` is a command (a path or a name on PATH, possibly with flags)."""
+    with tempfile.TemporaryDirectory(prefix="flash_cuda_probe_") as tmp:
+        src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+        with open(src, "w") as f:
+            f.write(_PROBE_SOURCE)
+        cmd = cxx.split() + ["-fPIC", "-O2", src, "-o", lib] + _link_flags()
+        try:
+            built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, f"could not run {cmd[0]}: {exc}"
+        if built.returncode != 0:
+            return False, f"{' '.join(cmd)} failed: {built.stderr.strip()[-500:]}"
+        ran = subprocess.run([python, "-c", _PROBE_RUN, lib], capture_output=True, text=True,
+                             timeout=300)
+        output = ran.stdout.strip()
+        if ran.returncode == 0 and output == _PROBE_EXPECTED:
+            return True, "ok"
+        how = (f"the process died with signal {-ran.returncode}" if ran.returncode < 0 else
+               f"it printed {output!r} instead of {_PROBE_EXPECTED!r}" if ran.returncode == 0
+               else f"it failed: {ran.stderr.strip()[-300:]}")
+        return False, f"a library it linked formats numbers wrongly beside torch: {how}"
+
+
+def _sibling_c_compiler(cxx_path):
+    """gcc for g++, clang for clang++, cc for c++, in the same directory."""
+    folder, name = os.path.split(cxx_path)
+    for pattern, repl in (("g++", "gcc"), ("clang++", "clang"), ("c++", "cc")):
+        if name.endswith(pattern):
+            candidate = os.path.join(folder, name[: -len(pattern)] + repl)
+            if os.path.exists(candidate):
+                return candidate
+    return None
+
+
+def check_cxx_runtime(env, log, python=sys.executable):
+    """Makes env['CXX'] (and env['CC'], which nvcc uses as its host compiler) a toolchain that
+    passes probe_cxx; returns the C++ compiler in use. Raises RuntimeError if none does."""
+    chosen = env.get("CXX") or "c++"
+    ok, detail = probe_cxx(chosen, python)
+    if ok:
+        return chosen
+    tried = [f"{chosen}: {detail}"]
+    first = shutil.which(chosen.split()[0])
+    for name in ("c++", "g++"):
+        path = shutil.which(name)
+        if path is None or (first and os.path.realpath(path) == os.path.realpath(first)):
+            continue
+        ok, detail = probe_cxx(path, python)
+        if ok:
+            log(f"WARNING: CXX={chosen} links its own copy of the C++ runtime into shared "
+                f"libraries ({tried[0].split(': ', 1)[1]}); building with {path} instead, which "
+                f"links the runtime torch uses (Note [One C++ runtime] in csrc/toolchain.py)")
+            env["CXX"] = path
+            cc = _sibling_c_compiler(path)
+            if cc:
+                env["CC"] = cc
+            else:
+                env.pop("CC", None)
+            return path
+        tried.append(f"{path}: {detail}")
+    raise RuntimeError(
+        "flash_cuda: no C++ compiler here links extensions against the C++ runtime that torch "
+        "uses, so the extension would crash or print wrong numbers in its error messages "
+        "(Note [One C++ runtime] in csrc/toolchain.py). Tried: " + "; ".join(tried) +
+        ". Point CXX and CC at the system compiler (e.g. /usr/bin/g++ and /usr/bin/gcc).")
+
+
+def cuda_toolkit(cuda_home):
+    """(nvcc path, 'major.minor') of the toolkit at cuda_home, or None when it has no nvcc."""
+    if not cuda_home:
+        return None
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    if not os.path.exists(nvcc):
+        return None
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    return nvcc, (f"{match.group(1)}.{match.group(2)}" if match else "unknown")
+
+
+def check_cuda_versions(nvcc, nvcc_version, torch_cuda):
+    """torch's CUDA build and nvcc must share the major version (their runtimes and headers
+    differ across majors)."""
+    if nvcc_version.split(".")[0] != str(torch_cuda).split(".")[0]:
+        raise RuntimeError(
+            f"flash_cuda: {nvcc} is CUDA {nvcc_version}, but this torch was built for CUDA "
+            f"{torch_cuda}; the extension must be compiled with a CUDA {torch_cuda.split('.')[0]}"
+            f".x toolkit. Point CUDA_HOME at one (e.g. CUDA_HOME=/usr/local/cuda-"
+            f"{torch_cuda}), install the torch build for CUDA {nvcc_version.split('.')[0]}, or "
+            f"build without CUDA kernels with FLASH_CUDA_DISABLE_CUDA=1.")

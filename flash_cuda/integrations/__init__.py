@@ -1,0 +1,1 @@
+"""Integrations of flash_cuda with other libraries."""

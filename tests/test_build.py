@@ -1,0 +1,103 @@
+"""The build: which archs the knobs select, the compiler checks of csrc/toolchain.py, and that the
+extension formats numbers in its messages (Note [One C++ runtime])."""
+
+import importlib.util
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+import flash_cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def toolchain():
+    spec = importlib.util.spec_from_file_location("flash_cuda_toolchain",
+                                                  ROOT / "csrc" / "toolchain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.fast
+def test_check_messages_format_numbers():
+    """A failed TORCH_CHECK that streams a double and an integer: crashed the process (or printed
+    nothing) when the extension carried its own copy of the C++ runtime."""
+    assert flash_cuda._C._check_message_with_numbers(0.5, 42) == "formatted 0.5 and 42"
+    assert flash_cuda._C._check_message_with_numbers(float("inf"), -1) == "formatted inf and -1"
+
+
+@pytest.mark.parametrize("env, archs, source", [
+    ({}, [80, 90], "the default"),
+    ({"TORCH_CUDA_ARCH_LIST": "8.0 9.0+PTX"}, [80, 90], "TORCH_CUDA_ARCH_LIST"),
+    ({"TORCH_CUDA_ARCH_LIST": "9.0a;10.0"}, [90, 100], "TORCH_CUDA_ARCH_LIST"),
+    ({"TORCH_CUDA_ARCH_LIST": "8.6", "FLASH_CUDA_ARCHS": "90"}, [90], "FLASH_CUDA_ARCHS"),
+    ({"TORCH_CUDA_ARCH_LIST": " "}, [80, 90], "the default"),
+])
+def test_arch_precedence(manifest, env, archs, source):
+    """FLASH_CUDA_ARCHS, then TORCH_CUDA_ARCH_LIST, then the visible GPUs, then 80;90."""
+    assert manifest.parse_archs(env) == (archs, source)
+
+
+def test_visible_gpus_come_after_the_knobs(manifest):
+    assert manifest.parse_archs({}, detected_archs=[86]) == ([86], "the visible GPUs")
+    assert manifest.parse_archs({"TORCH_CUDA_ARCH_LIST": "9.0"}, [86])[0] == [90]
+
+
+def test_bad_arch_names_the_knob(manifest):
+    with pytest.raises(ValueError, match="TORCH_CUDA_ARCH_LIST entry 'Hopper'"):
+        manifest.parse_archs({"TORCH_CUDA_ARCH_LIST": "Hopper"})
+
+
+def test_cuda_major_mismatch_is_a_clear_error(toolchain):
+    toolchain.check_cuda_versions("/usr/local/cuda/bin/nvcc", "13.0", "13.0")
+    with pytest.raises(RuntimeError, match=r"CUDA 12\.8, but this torch was built for CUDA 13\.0"):
+        toolchain.check_cuda_versions("/opt/cuda-12.8/bin/nvcc", "12.8", "13.0")
+
+
+def _system_cxx():
+    return shutil.which("c++") or shutil.which("g++")
+
+
+@pytest.mark.skipif(_system_cxx() is None, reason="needs a C++ compiler")
+def test_probe_accepts_the_system_compiler(toolchain):
+    ok, detail = toolchain.probe_cxx(_system_cxx())
+    assert ok, detail
+
+
+def _static_runtime_wrapper(tmp_path):
+    """A 'compiler' that links libstdc++ statically into shared libraries, as a foreign GCC
+    toolchain did on the CUDA image."""
+    wrapper = tmp_path / "g++-static-runtime"
+    wrapper.write_text(f"#!/bin/sh\nexec {_system_cxx()} \"$@\" -static-libstdc++\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    return str(wrapper)
+
+
+@pytest.mark.skipif(_system_cxx() is None, reason="needs a C++ compiler")
+def test_probe_rejects_a_compiler_that_links_its_own_runtime(toolchain, tmp_path):
+    ok, detail = toolchain.probe_cxx(_static_runtime_wrapper(tmp_path))
+    assert not ok and "formats numbers wrongly beside torch" in detail
+
+
+@pytest.mark.skipif(_system_cxx() is None, reason="needs a C++ compiler")
+def test_a_bad_cxx_is_replaced_by_the_system_compiler(toolchain, tmp_path):
+    env = {"CXX": _static_runtime_wrapper(tmp_path), "CC": "/nonexistent/gcc"}
+    lines = []
+    chosen = toolchain.check_cxx_runtime(env, lines.append)
+    assert os.path.realpath(chosen) == os.path.realpath(_system_cxx())
+    assert env["CXX"] == chosen and env.get("CC") != "/nonexistent/gcc"
+    assert len(lines) == 1 and "links its own copy of the C++ runtime" in lines[0]
+
+
+@pytest.mark.skipif(_system_cxx() is None, reason="needs a C++ compiler")
+def test_no_good_compiler_stops_the_build(toolchain, tmp_path, monkeypatch):
+    bad = _static_runtime_wrapper(tmp_path)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)  # nothing to fall back to
+    with pytest.raises(RuntimeError, match=r"no C\+\+ compiler here links extensions"):
+        toolchain.check_cxx_runtime({"CXX": bad}, print, python=sys.executable)
