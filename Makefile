@@ -1,17 +1,25 @@
-# flash_cuda developer targets.  On a fresh machine with the CUDA toolkit:
+# flash_cuda developer targets, in a project venv (VENV, default .venv; created if missing):
 #   make bench    installs the Python dependencies, builds, runs the benchmark grid
 #   make test     installs, builds, runs the test suite (GPU tests skip without a GPU)
-# Build knobs pass through the environment, e.g.
+# torch is installed into the venv only if it has none, so a VENV that already holds a torch
+# keeps it.  Build knobs pass through the environment, e.g.
 #   FLASH_CUDA_ARCHS=90 FLASH_CUDA_HDIMS=128 MAX_JOBS=16 make build
 SHELL := /bin/bash
-PY ?= python3
-REQUIREMENTS = torch==2.11.0 nvidia-cutlass==4.2.0.0 ninja pybind11 setuptools wheel numpy pytest
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.11.0
+REQUIREMENTS = nvidia-cutlass==4.2.0.0 ninja pybind11 setuptools wheel numpy pytest
 BENCH_ARGS ?=
 OUT ?= bench_out
 
 .PHONY: deps build test test-fast bench clean
 
-deps:
+$(PY):
+	python3 -m venv $(VENV)
+
+deps: $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q $(REQUIREMENTS)
 
 build: deps
