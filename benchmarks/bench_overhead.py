@@ -2,10 +2,10 @@
 
 Decode-sized problems (one query token against a short cache) run in a few microseconds on the
 GPU, so what the host spends per call shows in every step. This times, per call, the wall clock
-of many back-to-back calls of flash_attn_func / flash_attn_varlen_func and of the op they call
-with the same arguments, on shapes small enough that the host, not the GPU, is the bottleneck;
-the difference is the API's own cost (argument conversion and checks). Inference mode
-(torch.no_grad), as decoding runs.
+of back-to-back calls of flash_attn_func / flash_attn_varlen_func and of the op they call with
+the same arguments, in turns, on shapes small enough that the host, not the GPU, is the
+bottleneck; the difference is the API's own cost (argument conversion and checks). Inference
+mode (torch.no_grad), as decoding runs.
 
     python benchmarks/bench_overhead.py --device cuda --json overhead.json
 """
@@ -21,23 +21,31 @@ import flash_cuda
 from flash_cuda import flash_attn_func, flash_attn_varlen_func
 
 
-def per_call_us(fn, device, calls, repeats):
-    """Median over `repeats` of the host time of `calls` back-to-back calls, per call. The GPU
-    is idle at the start of each repeat and the kernels queue up behind the calls (a few
-    hundred launches stay far below the launch queue's depth), so the clock stops when the last
-    call returns: host time, whatever the kernels take."""
-    for _ in range(max(calls // 10, 50)):
-        fn()
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
+def _time_calls(fn, calls, sync):
+    """Host time per call of `calls` back-to-back calls, starting on an idle GPU. The kernels
+    (a few microseconds each at these shapes) queue up behind the calls, so the clock stops when
+    the last call returns: host time, whatever the kernels take."""
     sync()
-    return statistics.median(times), min(times), max(times)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = (time.perf_counter() - start) / calls * 1e6
+    sync()
+    return elapsed
+
+
+def interleaved_us(fns, device, calls, repeats):
+    """Median host time per call of each function, timed in turns (fn 0, fn 1, ..., fn 0, ...)
+    so that clock and cache drift touch all alike."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for fn in fns:
+        for _ in range(max(calls, 50)):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            times[i].append(_time_calls(fn, calls, sync))
+    return [statistics.median(t) for t in times]
 
 
 _AUTOGRAD_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
@@ -51,9 +59,11 @@ def _below_autograd(op, *args):
 
 
 def cases(device):
+    """(name, API call, the op call it makes); one query token against 256 keys, 8 query heads
+    on 2 kv heads, head dim 128: a decode step small enough that the host is the bottleneck."""
     dtype = torch.bfloat16 if device != "cpu" else torch.float32
-    q = torch.randn(1, 1, 32, 128, device=device, dtype=dtype)
-    k = torch.randn(1, 256, 8, 128, device=device, dtype=dtype)
+    q = torch.randn(1, 1, 8, 128, device=device, dtype=dtype)
+    k = torch.randn(1, 256, 2, 128, device=device, dtype=dtype)
     op = torch.ops.flash_cuda.fwd.default
     scale = 128 ** -0.5
     yield ("dense", lambda: flash_attn_func(q, k, k, causal=True),
@@ -75,21 +85,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "meta",
                         help="cuda, or meta (fake kernels: the host path without a GPU)")
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--calls", type=int, default=100, help="calls per timed turn")
+    parser.add_argument("--repeats", type=int, default=101, help="turns per function")
     parser.add_argument("--json", help="write the numbers here")
     args = parser.parse_args()
     rows = []
     with torch.no_grad():
         for name, api, bare in cases(args.device):
-            # Interleave so that clock and cache state drift affects both alike.
-            api_t, bare_t = [], []
-            for _ in range(3):
-                if api is not None:
-                    api_t.append(per_call_us(api, args.device, args.calls, args.repeats))
-                bare_t.append(per_call_us(bare, args.device, args.calls, args.repeats))
-            api_us = statistics.median(t[0] for t in api_t) if api_t else None
-            bare_us = statistics.median(t[0] for t in bare_t)
+            fns = [bare] if api is None else [api, bare]
+            times = interleaved_us(fns, args.device, args.calls, args.repeats)
+            api_us, bare_us = (None, times[0]) if api is None else times
             rows.append(dict(case=name, device=args.device, api_us=api_us, op_us=bare_us,
                              overhead_us=None if api_us is None else api_us - bare_us))
     info = dict(torch=torch.__version__, flash_cuda=flash_cuda.__version__,
