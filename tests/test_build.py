@@ -101,3 +101,9 @@ def test_no_good_compiler_stops_the_build(toolchain, tmp_path, monkeypatch):
     monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)  # nothing to fall back to
     with pytest.raises(RuntimeError, match=r"no C\+\+ compiler here links extensions"):
         toolchain.check_cxx_runtime({"CXX": bad}, print, python=sys.executable)
+
+
+def test_no_nvcc_means_a_build_without_cuda_kernels(toolchain, tmp_path):
+    """setup.py builds the op layer only when the toolkit has no nvcc (cuda_toolkit -> None)."""
+    assert toolchain.cuda_toolkit(None) is None
+    assert toolchain.cuda_toolkit(str(tmp_path)) is None  # a CUDA_HOME without bin/nvcc

@@ -27,3 +27,20 @@ def test_readme_head_dims_match_manifest(manifest):
     line = next(l for l in text.splitlines() if l.startswith("| head dims"))
     listed = [int(x) for x in re.findall(r"\b(\d+)\b", line.split("compiled:")[1].split(";")[0])]
     assert tuple(listed) == manifest.HEAD_DIMS
+
+
+def test_readme_lists_every_build_knob():
+    """Every FLASH_CUDA_* knob setup.py reads is in the README's knob table, and no other."""
+    knobs = set()
+    for path in (ROOT / "setup.py", ROOT / "csrc" / "manifest.py"):
+        knobs |= set(re.findall(r"\"(FLASH_CUDA_[A-Z_]+)\"", path.read_text()))
+    readme = (ROOT / "README.md").read_text()
+    table = {m for m in re.findall(r"^\| `(FLASH_CUDA_\w+)` \|", readme, re.M)}
+    assert knobs and knobs == table, (sorted(knobs), sorted(table))
+
+
+def test_readme_names_the_transformers_attention():
+    pytest = __import__("pytest")
+    hf = pytest.importorskip("flash_cuda.integrations.transformers")
+    readme = (ROOT / "README.md").read_text()
+    assert f'"{hf.NAME}"' in readme and "flash" not in hf.NAME

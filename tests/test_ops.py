@@ -308,3 +308,39 @@ def test_missing_extension_says_how_to_build():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1], check=True)
     assert "python setup.py build_ext --inplace" in result.stdout
+
+
+def _unbacked_max_seqlen_step(q, k, v, cu_q, cu_k):
+    # transformers' packed path under torch.compile: max_seqlen from .item(), an unbacked SymInt.
+    max_q = cu_q.diff().max().item()
+    max_k = cu_k.diff().max().item()
+    return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True) * 2.0
+
+
+def test_compile_with_unbacked_max_seqlen():
+    gen = torch.Generator().manual_seed(7)
+    tensors, (cu_q, cu_k, _, _) = _varlen_inputs(gen, [3, 7, 5], [4, 9, 2])
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled = torch.compile(_unbacked_max_seqlen_step, fullgraph=True, backend="aot_eager")
+        _assert_same(_forward_backward(compiled, tensors, cu_q, cu_k),
+                     _forward_backward(_unbacked_max_seqlen_step, tensors, cu_q, cu_k))
+
+
+def _own_scale_step(q, k, v, scale):
+    return flash_attn_func(q, k, v, softmax_scale=scale, causal=True, window_size=[4, 0])
+
+
+def _shape_scale_step(q, k, v):
+    return flash_attn_func(q, k, v, softmax_scale=q.shape[-1] ** -0.5 * 0.5, causal=True)
+
+
+@pytest.mark.parametrize("fn", [_own_scale_step, _shape_scale_step], ids=["float_arg", "from_shape"])
+def test_compile_dynamic_with_own_softmax_scale(fn):
+    """dynamic=True makes a float argument (or one computed from a symbolic shape) a SymFloat."""
+    gen = torch.Generator().manual_seed(8)
+    tensors = (_randn(2, 12, 4, HEAD_DIM, gen=gen), _randn(2, 15, 2, HEAD_DIM, gen=gen),
+               _randn(2, 15, 2, HEAD_DIM, gen=gen))
+    args = (0.3,) if fn is _own_scale_step else ()
+    compiled = _compiled(fn, dynamic=True)
+    _assert_same(_forward_backward(compiled, tensors, *args), _forward_backward(fn, tensors, *args))
