@@ -16,6 +16,7 @@ torch that is installed.  Knobs (environment):
   MAX_JOBS                    parallel compile jobs
 """
 
+import functools
 import importlib.util
 import os
 import sys
@@ -55,13 +56,14 @@ def find_cutlass():
         "Looked in: " + ", ".join(c[0] for c in candidates))
 
 
+@functools.lru_cache(maxsize=None)
 def detected_archs():
     try:
         import torch
         if torch.cuda.is_available():
-            return sorted({10 * a + b for a, b in
-                           (torch.cuda.get_device_capability(i)
-                            for i in range(torch.cuda.device_count()))})
+            return tuple(sorted({10 * a + b for a, b in
+                                 (torch.cuda.get_device_capability(i)
+                                  for i in range(torch.cuda.device_count()))}))
     except Exception:  # a broken driver must not break a build for other archs
         pass
     return None

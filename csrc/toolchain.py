@@ -12,6 +12,7 @@ Plain Python with no torch import at module level; tests load it like csrc/manif
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,18 +62,19 @@ def _link_flags():
 
 def probe_cxx(cxx, python=sys.executable):
     """(ok, detail): whether `cxx` links a shared library that formats numbers correctly when
-    loaded beside torch. `cxx` is a command (a path or a name on PATH, possibly with flags)."""
+    loaded beside torch. `cxx` is a command (a path or a name on PATH, possibly with a wrapper
+    such as ccache or flags, split as a shell would)."""
     with tempfile.TemporaryDirectory(prefix="flash_cuda_probe_") as tmp:
         src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
         with open(src, "w") as f:
             f.write(_PROBE_SOURCE)
-        cmd = cxx.split() + ["-fPIC", "-O2", src, "-o", lib] + _link_flags()
+        cmd = shlex.split(cxx) + ["-fPIC", "-O2", src, "-o", lib] + _link_flags()
         try:
             built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return False, f"could not run {cmd[0]}: {exc}"
+            return False, f"it could not be run: {exc}"
         if built.returncode != 0:
-            return False, f"{' '.join(cmd)} failed: {built.stderr.strip()[-500:]}"
+            return False, f"it could not build a shared library: {built.stderr.strip()[-500:]}"
         ran = subprocess.run([python, "-c", _PROBE_RUN, lib], capture_output=True, text=True,
                              timeout=300)
         output = ran.stdout.strip()
@@ -95,23 +97,38 @@ def _sibling_c_compiler(cxx_path):
     return None
 
 
+def _fallback_compilers():
+    """The system compilers to try instead: on PATH, and where a distribution puts them (a
+    foreign toolchain may come first on PATH)."""
+    found = [shutil.which(name) for name in ("c++", "g++")]
+    found += [p for p in ("/usr/bin/c++", "/usr/bin/g++") if os.path.exists(p)]
+    unique, seen = [], set()
+    for path in found:
+        if path and os.path.realpath(path) not in seen:
+            seen.add(os.path.realpath(path))
+            unique.append(path)
+    return unique
+
+
 def check_cxx_runtime(env, log, python=sys.executable):
-    """Makes env['CXX'] (and env['CC'], which nvcc uses as its host compiler) a toolchain that
-    passes probe_cxx; returns the C++ compiler in use. Raises RuntimeError if none does."""
+    """Makes env['CXX'] a compiler that passes probe_cxx (and env['CC'], which nvcc uses as its
+    host compiler, its sibling, when CXX has to be replaced); returns the C++ compiler in use.
+    Raises RuntimeError if none passes. A CC beside a passing CXX is left alone: nvcc only
+    compiles with it, and the link, where a runtime gets copied in, is CXX's."""
     chosen = env.get("CXX") or "c++"
     ok, detail = probe_cxx(chosen, python)
     if ok:
         return chosen
     tried = [f"{chosen}: {detail}"]
-    first = shutil.which(chosen.split()[0])
-    for name in ("c++", "g++"):
-        path = shutil.which(name)
-        if path is None or (first and os.path.realpath(path) == os.path.realpath(first)):
+    first = shutil.which(shlex.split(chosen)[0]) if chosen.strip() else None
+    for path in _fallback_compilers():
+        if first and os.path.realpath(path) == os.path.realpath(first):
             continue
-        ok, detail = probe_cxx(path, python)
+        ok, fallback_detail = probe_cxx(path, python)
         if ok:
-            log(f"WARNING: CXX={chosen} links its own copy of the C++ runtime into shared "
-                f"libraries ({tried[0].split(': ', 1)[1]}); building with {path} instead, which "
+            why = ("links its own copy of the C++ runtime into shared libraries"
+                   if "formats numbers wrongly" in detail else "cannot build the extension")
+            log(f"WARNING: CXX={chosen} {why} ({detail}); building with {path} instead, which "
                 f"links the runtime torch uses (Note [One C++ runtime] in csrc/toolchain.py)")
             env["CXX"] = path
             cc = _sibling_c_compiler(path)
@@ -120,7 +137,7 @@ def check_cxx_runtime(env, log, python=sys.executable):
             else:
                 env.pop("CC", None)
             return path
-        tried.append(f"{path}: {detail}")
+        tried.append(f"{path}: {fallback_detail}")
     raise RuntimeError(
         "flash_cuda: no C++ compiler here links extensions against the C++ runtime that torch "
         "uses, so the extension would crash or print wrong numbers in its error messages "
@@ -137,7 +154,12 @@ def cuda_toolkit(cuda_home):
         return None
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     match = re.search(r"release (\d+)\.(\d+)", out)
-    return nvcc, (f"{match.group(1)}.{match.group(2)}" if match else "unknown")
+    if match is None:
+        raise RuntimeError(f"flash_cuda: could not read the CUDA version from `{nvcc} --version` "
+                           f"(it printed {out.strip()[-200:]!r}); set CUDA_HOME to a working "
+                           f"CUDA toolkit, or build without CUDA kernels with "
+                           f"FLASH_CUDA_DISABLE_CUDA=1.")
+    return nvcc, f"{match.group(1)}.{match.group(2)}"
 
 
 def check_cuda_versions(nvcc, nvcc_version, torch_cuda):

@@ -188,7 +188,35 @@ def check_scale_value(softmax_scale) -> None:
     if not SCALE_MIN <= softmax_scale <= SCALE_MAX:  # also False for NaN
         raise ValueError(f"softmax_scale must be a finite number > 0, within [{SCALE_MIN:g}, "
                          f"{SCALE_MAX:g}] (the kernels take the running max of unscaled "
-                         f"scores and scale in float32); got {softmax_scale}.")
+                         f"scores and scale in float32); got {softmax_scale:g}.")
+
+
+INT32_MAX = 2**31 - 1
+
+
+def _check_at_most(value, limit: int, message: str) -> None:
+    """value <= limit; for a SymInt a runtime assertion rather than a guard on its value."""
+    if isinstance(value, torch.SymInt):
+        torch._check_value(value <= limit, lambda: message)
+    elif value > limit:
+        raise ValueError(message)
+
+
+def check_cuda_grid_limits(q, k, batch, max_seqlen_q, max_seqlen_k, varlen) -> None:
+    """What the CUDA kernels' grid and 32-bit row counts can hold (fake CUDA tensors; the CUDA
+    kernel checks the same in C++)."""
+    heads = q.shape[-2]
+    _check_at_most(heads, 65535, f"the number of heads of q must be at most 65535 on CUDA; got "
+                                 f"{heads}.")
+    _check_at_most(batch, 65535 // 2, f"the batch size must be at most 32767 on CUDA; got "
+                                      f"{batch}.")
+    seqlens = ((max_seqlen_q, max_seqlen_k) if varlen else (q.shape[1], k.shape[1]))
+    for name, value in zip(("max_seqlen_q", "max_seqlen_k"), seqlens):
+        _check_at_most(value, INT32_MAX, f"{name} must be between 0 and 2^31 - 1 on CUDA; got "
+                                         f"{value}.")
+    for t in (q, k):
+        _check_at_most(t.shape[0], INT32_MAX, f"the number of rows of q / k must be between 0 "
+                                              f"and 2^31 - 1 on CUDA; got {t.shape[0]}.")
 
 
 def check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
@@ -216,6 +244,8 @@ def check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_
     check_max_seqlen("max_seqlen_k", max_seqlen_k)
     check_window(window_left, window_right)
     check_scale_value(softmax_scale)
+    if q.device.type == "cuda":
+        check_cuda_grid_limits(q, k, batch, max_seqlen_q, max_seqlen_k, varlen)
     if varlen:
         check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, q.shape[0])
         check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.shape[0])
@@ -305,7 +335,8 @@ def as_scale(softmax_scale, head_dim):
 
 
 def as_flag(name: str, value) -> bool:
-    """Python and numpy bools, and one-element bool tensors on the CPU."""
+    """Python and numpy bools, and one-element bool tensors (read with .item(): a device sync
+    for a CUDA tensor)."""
     if value is True or value is False:
         return value
     kind = type(value)

@@ -123,7 +123,25 @@ torch.library.register_autograd("flash_cuda::bwd", _bwd_backward, setup_context=
 
 # ---- a build without CUDA kernels --------------------------------------------------------------
 
-def _no_cuda_kernels(*args, **kwargs):
+def _no_cuda_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                 deterministic=False):
+    # A CPU call with one argument on CUDA lands here too: its rules first, then the build's.
+    _checks.check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                         max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right)
+    _no_cuda_kernels()
+
+
+def _no_cuda_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                 seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                 window_right, deterministic):
+    _checks.check_bwd_op(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                         seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+                         window_right)
+    _no_cuda_kernels()
+
+
+def _no_cuda_kernels():
     raise NotImplementedError(
         "flash_cuda was built without CUDA kernels (no nvcc at build time, a CPU-only torch, or "
         "FLASH_CUDA_DISABLE_CUDA=1), so it runs only on CPU tensors. Reinstall it with a CUDA "
@@ -132,8 +150,8 @@ def _no_cuda_kernels(*args, **kwargs):
 
 
 if not HAS_CUDA_KERNELS:
-    torch.library.register_kernel("flash_cuda::fwd", "cuda", _no_cuda_kernels)
-    torch.library.register_kernel("flash_cuda::bwd", "cuda", _no_cuda_kernels)
+    torch.library.register_kernel("flash_cuda::fwd", "cuda", _no_cuda_fwd)
+    torch.library.register_kernel("flash_cuda::bwd", "cuda", _no_cuda_bwd)
 
 
 def build_info():

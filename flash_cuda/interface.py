@@ -6,8 +6,9 @@ along dimension 0, q (total_q, heads_q, head_dim), k and v (total_k, heads_kv, h
 cu_seqlens_* int32 (batch + 1,) prefix sums of the lengths; softmax_lse (heads_q, total_q).
 Any strides are accepted: an input whose last dimension is not contiguous (or whose rows are
 not 16-byte aligned) is copied once, as FlashAttention-3 does; others are read in place. out
-(and each gradient) takes the layout of the input it mirrors when that input is dense with a
-contiguous last dimension, else it is contiguous.
+(and each gradient) is laid out like the input it mirrors when that input's last dimension is
+contiguous (torch.empty_like: the same strides for a dense input, the same order of dimensions
+otherwise), else contiguous.
 
 Semantics. softmax(softmax_scale * q k^T) v with softmax_scale defaulting to head_dim ** -0.5.
 Masks are aligned bottom-right, as in FlashAttention: with Lq / Lk the query / key lengths of a
@@ -69,11 +70,13 @@ def _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap,
 
 
 def _options(q, k, v, softmax_scale, causal, window_size, deterministic, return_attn_probs,
-             num_splits, pack_gqa, sm_margin):
+             num_splits, pack_gqa, sm_margin, varlen):
     """Converts the options shared by every entry point; returns (scale, causal, left, right,
     deterministic, return_attn_probs)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.check_is_tensor(name, t)
+    if q.dim() == 0:  # shape[-1] below needs a dimension; the op checks ranks in full
+        _checks.check_rank("q", q, varlen)
     scale = _checks.as_scale(softmax_scale, q.shape[-1])
     causal = _checks.as_flag("causal", causal)
     deterministic = _checks.as_flag("deterministic", deterministic)
@@ -107,7 +110,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """
     scale, causal, left, right, deterministic, return_lse = _options(
         q, k, v, softmax_scale, causal, window_size, deterministic, return_attn_probs,
-        num_splits, pack_gqa, sm_margin)
+        num_splits, pack_gqa, sm_margin, varlen=False)
     _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
                   alibi_slopes, s_aux, learnable_sink)
     if q.dim() != 4:  # the op would name the dense layout too; this keeps shape[1] safe
@@ -139,7 +142,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     scale, causal, left, right, deterministic, return_lse = _options(
         q, k, v, softmax_scale, causal, window_size, deterministic, return_attn_probs,
-        num_splits, pack_gqa, sm_margin)
+        num_splits, pack_gqa, sm_margin, varlen=True)
     _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
                   alibi_slopes, s_aux, learnable_sink, block_table)
     _checks.check_is_tensor("cu_seqlens_q", cu_seqlens_q)

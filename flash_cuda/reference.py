@@ -203,32 +203,23 @@ def _sequence_spans(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) -> l
 
 
 def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, chunk_size) -> None:
+    """The op rules on the tensors' shapes (flash_cuda/_checks.py), for direct callers of the
+    reference; the ops check them in full before calling it."""
+    from flash_cuda import _checks  # plain Python over torch, like this module
     varlen = cu_seqlens_q is not None
     if (cu_seqlens_k is not None) != varlen:
-        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together or not at all.")
-    expected_dim = 3 if varlen else 4
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != expected_dim:
-            layout = "varlen (total, heads, d)" if varlen else "dense (batch, seqlen, heads, d)"
-            raise ValueError(f"{name} must be {expected_dim}-D for the {layout} layout, "
-                             f"got shape {tuple(t.shape)}.")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}.")
-    if q.shape[-1] != k.shape[-1] or q.shape[-2] % k.shape[-2] != 0:
-        raise ValueError(f"q shape {tuple(q.shape)} needs k's head dim and a multiple of k's "
-                         f"{k.shape[-2]} heads.")
-    if not varlen and q.shape[0] != k.shape[0]:
-        raise ValueError(f"q and k must share the batch size, got {q.shape[0]} and {k.shape[0]}.")
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (varlen "
+                         "attention) or neither (dense attention).")
+    _checks.check_qkv(q, k, v, varlen)
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}.")
 
 
 def output_like(t: Tensor, zeroed: bool = False) -> Tensor:
-    """A new tensor for the output that mirrors `t` (out and dq mirror q, dk k, dv v): t's own
-    layout when its last dim is contiguous (empty_like keeps the strides of a dense tensor),
-    else contiguous. The CUDA kernels allocate the same way (Note [Output layout] in
-    csrc/ops/attention_cuda.cpp)."""
+    """A new tensor for the output that mirrors `t` (out and dq mirror q, dk k, dv v), laid out
+    by empty_like when t's last dim is contiguous (t's strides for a dense t, its order of
+    dimensions otherwise), else contiguous. The CUDA kernels allocate the same way
+    (Note [Output layout] in csrc/ops/attention_cuda.cpp)."""
     new = torch.empty_like(t) if t.stride(-1) == 1 else t.new_empty(t.shape)
     return new.zero_() if zeroed else new
 

@@ -22,8 +22,9 @@ outputs, which the wrappers match, strides included, so torch.compile traces the
 
 What SDPA's flash backend accepts is still decided by torch (CUDA, float16 / bfloat16, head dim
 <= 256, no attn_mask); dropout, return_debug_mask and alibi_slopes raise NotImplementedError
-naming themselves, as does seqused_k where a backward will follow (torch's backward op has no
-seqused_k). AOTInductor calls these aten ops through its C shim, which bypasses the override.
+naming themselves, as does seqused_k outside torch.inference_mode() (torch's backward op has no
+seqused_k). AOTInductor calls these aten ops through its C shim, which bypasses the override. A
+build without CUDA kernels cannot be activated.
 """
 
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def _like(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(like).copy_(result)
 
 
-def _rng_state(query: torch.Tensor):
+def _rng_state():
     """Placeholders for the philox seed (2,) and offset () of a dropout that does not run; on
     the CPU so that no kernel is launched for them."""
     return (torch.empty(2, dtype=torch.uint64), torch.empty((), dtype=torch.uint64))
@@ -89,7 +90,7 @@ def _sdpa_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debu
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     out, lse = torch.ops.flash_cuda.fwd(q, k, v, None, None, None, None, seqlen_q, seqlen_k,
                                         _scale(scale, query), is_causal, -1, -1, False)
-    seed, offset = _rng_state(query)
+    seed, offset = _rng_state()
     return (_like(out.transpose(1, 2), query), lse, None, None, seqlen_q, seqlen_k, seed, offset,
             _debug_mask(query))
 
@@ -111,17 +112,20 @@ def _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropou
                    return_debug_mask, *, scale=None, window_size_left=None,
                    window_size_right=None, seqused_k=None, alibi_slopes=None):
     _check_forward(dropout_p, return_debug_mask, alibi_slopes)
-    if seqused_k is not None and torch.is_grad_enabled() and any(
-            t.requires_grad for t in (query, key, value)):
-        raise _not_supported("seqused_k where gradients are needed (torch's "
-                             "_flash_attention_backward has no seqused_k)")
+    # torch's _flash_attention_backward has no seqused_k, so a backward after this forward would
+    # ignore it. Whether one follows cannot be told here (a compiled training step runs its
+    # forward with gradients off), so seqused_k is taken only where none can: inference mode.
+    if seqused_k is not None and not torch.is_inference_mode_enabled():
+        raise _not_supported("seqused_k outside torch.inference_mode() (torch's "
+                             "_flash_attention_backward has no seqused_k, so a backward would "
+                             "ignore it)")
     left, right = _window(window_size_left, window_size_right)
     if cum_seq_q is None:
         max_q, max_k = query.shape[1], key.shape[1]
     out, lse = torch.ops.flash_cuda.fwd(query, key, value, cum_seq_q, cum_seq_k, None, seqused_k,
                                         max_q, max_k, _scale(scale, query), is_causal, left,
                                         right, False)
-    seed, offset = _rng_state(query)
+    seed, offset = _rng_state()
     return _like(out, query), lse, seed, offset, _debug_mask(query)
 
 
@@ -156,10 +160,15 @@ class Handle:
 
 def register(dispatch_keys=("CUDA",)) -> Handle:
     """Overrides the four aten flash ops for `dispatch_keys` with flash_cuda's kernels. torch's
-    activate_flash_attention_impl("flash_cuda") calls this with the default; tests also pass
-    "CPU" (where these aten ops have no kernel) to run the wrappers on the reference."""
-    import flash_cuda._ops  # noqa: F401  (the op schemas and kernels)
+    activate_flash_attention_impl("flash_cuda") calls this with the default; tests pass "CPU"
+    (where these aten ops have no kernel) to run the wrappers on the reference. A build without
+    CUDA kernels refuses the CUDA key: it would replace torch's working kernels with none."""
+    from flash_cuda import _ops
 
+    if "CUDA" in dispatch_keys and not _ops.HAS_CUDA_KERNELS:
+        raise RuntimeError("flash_cuda was built without CUDA kernels, so it cannot serve "
+                           "SDPA's flash backend on CUDA; reinstall it with a CUDA toolkit "
+                           "(see the README's Install section).")
     library = Library("aten", "IMPL")  # noqa: TOR901
     for key in dispatch_keys:
         for op, kernel in _KERNELS.items():

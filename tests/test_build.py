@@ -98,7 +98,7 @@ def test_a_bad_cxx_is_replaced_by_the_system_compiler(toolchain, tmp_path):
 @pytest.mark.skipif(_system_cxx() is None, reason="needs a C++ compiler")
 def test_no_good_compiler_stops_the_build(toolchain, tmp_path, monkeypatch):
     bad = _static_runtime_wrapper(tmp_path)
-    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)  # nothing to fall back to
+    monkeypatch.setattr(toolchain, "_fallback_compilers", lambda: [])  # nothing to fall back to
     with pytest.raises(RuntimeError, match=r"no C\+\+ compiler here links extensions"):
         toolchain.check_cxx_runtime({"CXX": bad}, print, python=sys.executable)
 
@@ -107,3 +107,17 @@ def test_no_nvcc_means_a_build_without_cuda_kernels(toolchain, tmp_path):
     """setup.py builds the op layer only when the toolkit has no nvcc (cuda_toolkit -> None)."""
     assert toolchain.cuda_toolkit(None) is None
     assert toolchain.cuda_toolkit(str(tmp_path)) is None  # a CUDA_HOME without bin/nvcc
+
+
+@pytest.mark.skipif(_system_cxx() is None, reason="needs a C++ compiler")
+def test_a_missing_cxx_says_so(toolchain):
+    env = {"CXX": "/nonexistent/g++"}
+    lines = []
+    toolchain.check_cxx_runtime(env, lines.append)
+    assert "cannot build the extension" in lines[0] and "could not be run" in lines[0]
+
+
+def test_wrapped_cxx_is_split_like_a_shell(toolchain, tmp_path):
+    """CXX="ccache g++"-style commands (and quoted paths) reach the probe as argv, not one word."""
+    ok, detail = toolchain.probe_cxx(f"env '{_system_cxx()}'")
+    assert ok, detail

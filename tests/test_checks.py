@@ -362,3 +362,56 @@ def test_cuda_kernel_is_registered():
     with pytest.raises(NotImplementedError, match="built without CUDA kernels"):
         kernel.call_boxed(keys, q, q, q, None, None, None, None, 4, 4, 0.25, False, -1, -1,
                           False)
+
+
+def _message(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  (the type is compared too)
+        return type(exc).__name__, str(exc).split("\n")[0]
+    return None
+
+
+@pytest.mark.fast
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("varlen,changes", [pytest.param(c[1], c[2], id=c[0]) for c in OP_CASES])
+def test_cuda_and_fake_kernels_say_the_same(varlen, changes):
+    """Word for word: the C++ checks of the CUDA kernel and the Python checks of the fake kernel
+    (what torch.compile meets) on the same CUDA inputs (Note [Checks in two places])."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = _bad_args(varlen, changes, "cuda")
+    real = _message(lambda: _call_op(args))
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                     for n, a in args.items()}
+        fake = _message(lambda: _call_op(fake_args))
+    assert real is not None and real == fake
+
+
+@pytest.mark.fast
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("changes", [pytest.param(c[1], id=c[0]) for c in BWD_CASES])
+def test_cuda_and_fake_bwd_kernels_say_the_same(changes):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = _bwd_args("cuda")
+    for name, change in changes.items():
+        args[name] = change(args[name])
+    real = _message(lambda: torch.ops.flash_cuda.bwd(**args))
+    with FakeTensorMode() as mode:
+        fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                     for n, a in args.items()}
+        fake = _message(lambda: torch.ops.flash_cuda.bwd(**fake_args))
+    assert real is not None and real == fake
+
+
+@pytest.mark.fast
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cpu_q_with_a_cuda_index_tensor_names_it():
+    """A CUDA cu_seqlens sends a CPU call to the CUDA kernel; its rule is still q's device's."""
+    args = _fwd_args(True, "cpu")
+    args["cu_seqlens_q"] = args["cu_seqlens_q"].cuda()
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be on q's device \(cpu\)"):
+        _call_op(args)

@@ -4,6 +4,8 @@ need is declared, and the README's head-dim list is the manifest's."""
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,7 +42,6 @@ def test_readme_lists_every_build_knob():
 
 
 def test_readme_names_the_transformers_attention():
-    pytest = __import__("pytest")
     hf = pytest.importorskip("flash_cuda.integrations.transformers")
     readme = (ROOT / "README.md").read_text()
     assert f'"{hf.NAME}"' in readme and "flash" not in hf.NAME

@@ -195,3 +195,50 @@ def test_custom_4d_masks_are_refused():
     with pytest.raises(NotImplementedError, match="2-D padding masks"):
         fc_hf.attention_forward(ours.model.layers[0].self_attn, q, k, k,
                                 torch.ones(1, 1, 3, 3, dtype=torch.bool))
+
+
+def _masked_reference(q, k, v, mask, causal, window=None):
+    """(b, h, s, d) attention with a 2-D key mask, bottom-right causal, GQA by head groups."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    q_len, k_len = q.shape[2], k.shape[2]
+    keep = mask[:, None, None, :].bool().expand(-1, 1, q_len, -1)
+    rows = torch.arange(q_len)[:, None] + (k_len - q_len)
+    cols = torch.arange(k_len)[None, :]
+    if causal:
+        keep = keep & (cols <= rows)
+    if window is not None:
+        keep = keep & (cols > rows - window)
+    p = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0)
+    return (p @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("case", ["cross_attention_padded_encoder", "decode_left_padded",
+                                  "chunk_after_cache_left_padded", "sliding_window_padded"])
+def test_attention_function_against_a_masked_reference(case):
+    """The attention function alone, on the shapes transformers gives it: key masks shorter
+    or longer than the queries, causal or not."""
+    torch.manual_seed(5)
+    module = torch.nn.Module()
+    if case == "cross_attention_padded_encoder":  # 3 decoder queries, 6 encoder keys
+        q_len, k_len, causal, window = 3, 6, False, None
+        mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    elif case == "decode_left_padded":
+        q_len, k_len, causal, window = 1, 9, True, None
+        mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9])
+    elif case == "chunk_after_cache_left_padded":
+        q_len, k_len, causal, window = 4, 10, True, None
+        mask = torch.tensor([[0, 0] + [1] * 8, [1] * 10])
+    else:
+        q_len, k_len, causal, window = 8, 8, True, 3
+        mask = torch.tensor([[0, 0, 0] + [1] * 5, [1] * 6 + [0, 0]])
+    q = torch.randn(2, 4, q_len, 16)
+    k, v = torch.randn(2, 2, k_len, 16), torch.randn(2, 2, k_len, 16)
+    out, _ = fc_hf.attention_forward(module, q, k, v, mask, is_causal=causal,
+                                     sliding_window=window)
+    expected = _masked_reference(q, k, v, mask, causal, window)
+    if q_len == k_len:  # padded query rows are undefined: compare the real ones
+        keep = mask.bool()
+        out, expected = out[keep], expected[keep]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -37,6 +37,9 @@ const std::vector<TableEntry>& table() {
 
 #include "generated/build_info.inc"
 
+// The archs this build compiled for.
+std::vector<int> compiled_archs() { return FLASH_CUDA_BUILD_ARCHS; }
+
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bfloat16" : "float16"; }
 
 KernelChoice find(const char* direction, int sm, DType dtype, int head_dim) {
@@ -102,7 +105,5 @@ bool family_for_arch(int sm, ArchFamily* family, std::string* error) {
 
 KernelChoice find_fwd(int sm, DType dtype, int head_dim) { return find("fwd", sm, dtype, head_dim); }
 KernelChoice find_bwd(int sm, DType dtype, int head_dim) { return find("bwd", sm, dtype, head_dim); }
-
-std::vector<int> compiled_archs() { return FLASH_CUDA_BUILD_ARCHS; }
 
 }  // namespace flash_cuda

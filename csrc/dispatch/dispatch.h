@@ -28,7 +28,4 @@ bool family_for_arch(int sm, ArchFamily* family, std::string* error);
 KernelChoice find_fwd(int sm, DType dtype, int head_dim);
 KernelChoice find_bwd(int sm, DType dtype, int head_dim);
 
-// The archs this build compiled for (generated/build_info.inc).
-std::vector<int> compiled_archs();
-
 }  // namespace flash_cuda

@@ -29,10 +29,13 @@ using OptTensor = std::optional<Tensor>;
 
 // Note [Checks in two places]
 // The op rules are written twice, here for CUDA tensors and in flash_cuda/_checks.py for the
-// CPU and fake kernels, with the same messages (tests run one list of bad inputs through both),
-// so that a direct torch.ops call gets the answer the Python API gives.  Rules that need tensor
-// values (cu_seqlens ordering, max_seqlen covering it) are checked only where values can be read
-// without a device sync: on the CPU.
+// CPU and fake kernels, with the same messages (tests run one list of bad inputs through both
+// and compare the CUDA kernel's messages with the fake kernel's on CUDA tensors, word for
+// word), so that a direct torch.ops call gets the answer the Python API gives.  Rules that need
+// tensor values (cu_seqlens ordering, max_seqlen covering it, seqused within its sequence) are
+// checked only where values can be read without a device sync: on the CPU.  The CUDA grid's
+// limits (heads, batch, 32-bit row counts) hold for CUDA tensors only: the fake kernel checks
+// them for fake CUDA tensors, so that a compiled graph fails at trace time, not at run time.
 
 // torch's Python names of dtypes, as the messages of flash_cuda/_checks.py print them.
 const char* dtype_name(at::ScalarType t) {
@@ -47,6 +50,16 @@ const char* dtype_name(at::ScalarType t) {
     case at::kChar: return "int8";
     case at::kByte: return "uint8";
     case at::kBool: return "bool";
+    case at::kUInt16: return "uint16";
+    case at::kUInt32: return "uint32";
+    case at::kUInt64: return "uint64";
+    case at::kComplexHalf: return "complex32";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    case at::kFloat8_e4m3fn: return "float8_e4m3fn";
+    case at::kFloat8_e5m2: return "float8_e5m2";
+    case at::kFloat8_e4m3fnuz: return "float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz: return "float8_e5m2fnuz";
     default: return c10::toString(t);
   }
 }
@@ -76,10 +89,14 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool varlen) {
   TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                     "q, k, v must share one dtype; got q ", dtype_name(q.scalar_type()), ", k ",
                     dtype_name(k.scalar_type()), ", v ", dtype_name(v.scalar_type()), ".");
-  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q has dtype ",
-                    dtype_name(q.scalar_type()),
-                    ", which flash_cuda does not support on cuda; use float16 or bfloat16 "
-                    "(float32 is also accepted on the CPU).");
+  // A CUDA argument brings a call here even when q is on the CPU; the rules are q's device's
+  // (and a device check below then names the misplaced argument).
+  const bool float32_ok = !q.is_cuda();
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 ||
+                        (float32_ok && q.scalar_type() == at::kFloat),
+                    "q has dtype ", dtype_name(q.scalar_type()),
+                    ", which flash_cuda does not support on ", q.device().type(),
+                    "; use float16 or bfloat16 (float32 is also accepted on the CPU).");
   check_rank("q", q, varlen);
   check_rank("k", k, varlen);
   check_rank("v", v, varlen);
@@ -140,11 +157,12 @@ Tensor aligned(const Tensor& t) {
 }
 
 // Note [Output layout]
-// Outputs take the layout of the input they mirror (out and dq of q, dk of k, dv of v) when that
-// input's last dimension is contiguous, through empty_like's preserve_format: the same strides
-// for a dense tensor (a (batch, heads, seqlen, d) tensor viewed as (batch, seqlen, heads, d), as
-// SDPA passes it, gets an out SDPA can view back), contiguous ones otherwise.  The fake kernels
-// (flash_cuda/_ops.py) allocate the same way.
+// Outputs are laid out like the input they mirror (out and dq like q, dk like k, dv like v) when
+// that input's last dimension is contiguous, through empty_like's preserve_format: the same
+// strides for a dense tensor (a (batch, heads, seqlen, d) tensor viewed as (batch, seqlen, heads,
+// d), as SDPA passes it, gets an out SDPA can view back, as its meta kernels promise), dense
+// strides in the same order of dimensions for one with gaps; contiguous when the last dimension
+// is not.  The fake kernels (flash_cuda/reference.py output_like) allocate the same way.
 Tensor new_like(const Tensor& like, bool zeroed) {
   Tensor t = like.stride(-1) == 1 ? at::empty_like(like) : at::empty(like.sizes(), like.options());
   return zeroed ? t.zero_() : t;
@@ -311,11 +329,6 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
     const Tensor& out_in, const Tensor& lse_in, const OptTensor& cu_q, const OptTensor& cu_k,
     const OptTensor& used_q, const OptTensor& used_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     double scale, bool causal, int64_t window_left, int64_t window_right, bool deterministic) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!deterministic,
-                              "deterministic=True is not supported by the CUDA backward yet: its "
-                              "dq accumulation uses atomics; pass deterministic=False");
-  // torch.use_deterministic_algorithms(True) raises here (warns with warn_only=True).
-  at::globalContext().alertNotDeterministic("flash_cuda::bwd (its dq accumulation uses atomics)");
   const bool varlen = cu_q.has_value();
   FwdParams f = problem(q_in, k_in, v_in, cu_q, cu_k, used_q, used_k, max_seqlen_q, max_seqlen_k,
                         scale, causal, window_left, window_right);
@@ -328,6 +341,11 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
                     "softmax_lse must be the forward's: float32 of shape ", shape(lse_shape),
                     " on ", q_in.device(), "; got ", dtype_name(lse_in.scalar_type()),
                     " of shape ", shape(lse_in.sizes()), " on ", lse_in.device(), ".");
+  TORCH_CHECK_NOT_IMPLEMENTED(!deterministic,
+                              "deterministic=True is not supported by the CUDA backward yet: its "
+                              "dq accumulation uses atomics; pass deterministic=False");
+  // torch.use_deterministic_algorithms(True) raises here (warns with warn_only=True).
+  at::globalContext().alertNotDeterministic("flash_cuda::bwd (its dq accumulation uses atomics)");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const DType dtype = kernel_dtype(q_in);
   const KernelChoice kernel = find_bwd(device_arch(q_in), dtype, f.head_dim);

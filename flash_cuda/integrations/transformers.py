@@ -16,7 +16,8 @@ unmasked). transformers' own padding-free and unpadding logic runs only for "fla
 the function below does that work itself:
 
 * a 2-D padding mask (left or right padding, or a static cache longer than what was written):
-  unpad, flash_attn_varlen_func, pad back;
+  unpad the keys (and, where queries and keys are the same tokens, the queries),
+  flash_attn_varlen_func, pad back;
 * cu_seq_lens_q / _k from DataCollatorWithFlattening(return_flash_attn_kwargs=True): varlen;
 * packed sequences marked only by position_ids restarting (DataCollatorWithFlattening's
   default, batch size 1): cu_seqlens from the restarts, varlen;
@@ -73,18 +74,20 @@ def _run_padded(q, k, v, mask, attn_kwargs):
         k, v = k[:, :mask.shape[1]], v[:, :mask.shape[1]]
     k_rows, k_index, cu_k, max_k = _unpad(k, mask)
     v_rows = v.flatten(0, 1)[k_index]
-    if q_len == k.shape[1]:
+    if q_len == k.shape[1]:  # self-attention over the whole sequence: the mask is q's too
         q_rows, q_index, cu_q, max_q = q.flatten(0, 1)[k_index], k_index, cu_k, max_k
-    elif q_len == 1:  # decoding: one query per sequence
-        cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
-        q_rows, q_index, max_q = q.flatten(0, 1), cu_q[:-1], 1
-    else:  # a chunk after a cache: its rows are the mask's last q_len (left padding)
-        q_rows, q_index, cu_q, max_q = _unpad(q, mask[:, -q_len:])
-    out_rows = flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k,
-                                      **attn_kwargs)
-    out = out_rows.new_zeros(batch * q_len, *out_rows.shape[1:])
-    out[q_index] = out_rows
-    return out.view(batch, q_len, *out_rows.shape[1:])
+        out_rows = flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k,
+                                          **attn_kwargs)
+        out = out_rows.new_zeros(batch * q_len, *out_rows.shape[1:])
+        out[q_index] = out_rows
+        return out.view(batch, q_len, *out_rows.shape[1:])
+    # Fewer queries than keys: decoding, a chunk after a cache (left padding puts every pad
+    # before it) or cross-attention to a padded encoder. The mask says nothing of the queries;
+    # each sequence keeps all q_len of them, bottom-right aligned to its own keys.
+    cu_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=q.device)
+    out = flash_attn_varlen_func(q.flatten(0, 1), k_rows, v_rows, cu_q, cu_k, q_len, max_k,
+                                 **attn_kwargs)
+    return out.view(batch, q_len, *out.shape[1:])
 
 
 def _run_varlen(q, k, v, cu_q, cu_k, max_q, max_k, attn_kwargs):
@@ -154,7 +157,9 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
     flash_attention_mask gives. One addition: with no mask but a key buffer longer than the
     tokens written so far (a static cache; transformers 5.24's generate() drops an all-ones mask
     for implementations whose name lacks "flash"), a mask of the written length, so that the
-    unwritten slots are not attended to."""
+    unwritten slots are not attended to. A static cache gives q_offset as a device tensor:
+    reading it costs one host sync per forward (not per layer), and breaks a compiled graph
+    there, as transformers' own mask functions do when they read the mask."""
     if attention_mask is not None:
         attention_mask = attention_mask[:, -kv_length:]
         if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
