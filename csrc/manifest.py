@@ -2,8 +2,9 @@
 
 setup.py filters the manifest with the build knobs (FLASH_CUDA_ARCHS or TORCH_CUDA_ARCH_LIST,
 FLASH_CUDA_HDIMS, FLASH_CUDA_DTYPES, FLASH_CUDA_DISABLE_BACKWARD) and calls `generate()`, which
-writes one small translation unit per kernel, the dispatch table the C++ dispatcher includes, and
-the build-info table that `flash_cuda._C.build_info()` reports (and that the tests read).  Nothing
+writes one small translation unit per kernel, the dispatch tables the C++ dispatcher includes
+(families, forward and backward kernels), and the build-info table that
+`flash_cuda._C.build_info()` reports (and that the tests read).  Nothing
 else in the project lists head dims, dtypes or archs.
 """
 
@@ -21,8 +22,9 @@ DIRECTIONS = ("fwd", "bwd")
 # archs of FLASH_CUDA_ARCHS inside that range.
 FAMILIES = {
     # mma.sync + cp.async: runs on every GPU from Ampere on; the fallback for archs with no
-    # native family.
-    "sm80": {"min_arch": 80, "max_arch": 1000, "arch_enum": "ArchFamily::kSm80"},
+    # native family.  Families are listed in preference order: dispatch takes the first compiled
+    # one that serves the GPU (FLASH_CUDA_FAMILY, read at run time, forces one).
+    "sm80": {"min_arch": 80, "max_arch": 1000, "arch_enum": "kSm80"},
 }
 DEFAULT_ARCHS = (80, 90)
 
@@ -39,10 +41,17 @@ class Kernel:
     def name(self):
         return f"{self.direction}_{self.family}_{self.dtype}_hdim{self.head_dim}"
 
+    def _function(self, name):
+        return f"flash_cuda::{self.family}::{name}<flash_cuda::{DTYPES[self.dtype][0]}, {self.head_dim}>"
+
     @property
     def launcher(self):
-        return (f"flash_cuda::{self.family}::run_{self.direction}"
-                f"<flash_cuda::{DTYPES[self.dtype][0]}, {self.head_dim}>")
+        return self._function(f"run_{self.direction}")
+
+    @property
+    def workspace(self):
+        """The function that sizes the op's workspace (the backward's only)."""
+        return self._function("bwd_workspace_bytes") if self.direction == "bwd" else None
 
 
 def _split(value):
@@ -124,21 +133,43 @@ def _write_if_changed(path, text):
 
 
 def _kernel_source(kernel):
-    return (f"// Generated from csrc/manifest.py: one instantiation per translation unit so that\n"
-            f"// kernels compile in parallel.\n"
-            f'#include "{kernel.family}/launch_{kernel.direction}.cuh"\n\n'
-            f"template cudaError_t {kernel.launcher}(\n"
-            f"    const flash_cuda::{kernel.direction.capitalize()}Params&, cudaStream_t);\n")
-
-
-def _table_source(selected):
-    lines = ["// Generated from csrc/manifest.py: the kernels this build holds.",
-             "// FLASH_CUDA_KERNEL(direction, family, dtype, head_dim, launcher)"]
-    for family, (_, kernels) in selected.items():
-        for k in kernels:
-            lines.append(f"FLASH_CUDA_KERNEL({k.direction}, {FAMILIES[family]['arch_enum']}, "
-                         f"{DTYPES[k.dtype][1]}, {k.head_dim}, ({k.launcher}))")
+    lines = ["// Generated from csrc/manifest.py: one instantiation per translation unit so that",
+             "// kernels compile in parallel.",
+             f'#include "{kernel.family}/launch_{kernel.direction}.cuh"', ""]
+    if kernel.direction == "fwd":
+        lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::FwdParams&, "
+                     f"cudaStream_t);")
+    else:
+        lines.append(f"template size_t {kernel.workspace}(const flash_cuda::BwdParams&);")
+        lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::BwdParams&, "
+                     f"void*, cudaStream_t);")
     return "\n".join(lines) + "\n"
+
+
+def _dtype_enum(dtype):
+    return DTYPES[dtype][1].split("::")[1]
+
+
+def _table_sources(selected):
+    """{file name: text}: the families, the forward kernels and the backward kernels."""
+    head = "// Generated from csrc/manifest.py: "
+    families = [head + "the kernel families this build holds, in preference order.",
+                "// FLASH_CUDA_FAMILY(enum, name, min_arch, end_arch, compiled archs...)"]
+    fwd = [head + "the forward kernels.", "// FLASH_CUDA_FWD_KERNEL(family, dtype, head_dim, run)"]
+    bwd = [head + "the backward kernels.",
+           "// FLASH_CUDA_BWD_KERNEL(family, dtype, head_dim, workspace_bytes, run)"]
+    for family, (archs, kernels) in selected.items():
+        info = FAMILIES[family]
+        families.append(f'FLASH_CUDA_FAMILY({info["arch_enum"]}, "{family}", {info["min_arch"]}, '
+                        f'{info["max_arch"]}, {", ".join(str(a) for a in archs)})')
+        for k in kernels:
+            key = f"{info['arch_enum']}, {_dtype_enum(k.dtype)}, {k.head_dim}"
+            if k.direction == "fwd":
+                fwd.append(f"FLASH_CUDA_FWD_KERNEL({key}, ({k.launcher}))")
+            else:
+                bwd.append(f"FLASH_CUDA_BWD_KERNEL({key}, ({k.workspace}), ({k.launcher}))")
+    return {"family_table.inc": families, "fwd_kernel_table.inc": fwd,
+            "bwd_kernel_table.inc": bwd}
 
 
 def _build_info_source(archs, selected):
@@ -167,6 +198,7 @@ def generate(out_dir, archs, selected):
             path = os.path.join(out_dir, f"{k.name}.cu")
             _write_if_changed(path, _kernel_source(k))
             sources.setdefault(family, []).append(path)
-    _write_if_changed(os.path.join(out_dir, "kernel_table.inc"), _table_source(selected))
+    for name, lines in _table_sources(selected).items():
+        _write_if_changed(os.path.join(out_dir, name), "\n".join(lines) + "\n")
     _write_if_changed(os.path.join(out_dir, "build_info.inc"), _build_info_source(archs, selected))
     return sources

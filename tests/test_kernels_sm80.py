@@ -38,8 +38,10 @@ FAST_HEAD_DIMS = sorted({compiled_head_dims()[0], 72, compiled_head_dims()[-1]})
 
 
 def poison_allocator():
-    """Fills the caching allocator's free memory with NaN so unwritten outputs show up."""
-    junk = torch.full((64 << 20,), float("nan"), device="cuda", dtype=torch.float32)
+    """Fills the caching allocator's free memory with NaN so unwritten outputs show up. The
+    16-bit pattern 0x7FFF is a NaN in bfloat16 and float16, and two of them a float32 NaN; a
+    float32 NaN (0x7FC00000) would leave every other 16-bit element reading 0."""
+    junk = torch.full((128 << 20,), 0x7FFF, device="cuda", dtype=torch.int16)
     del junk
 
 

@@ -43,9 +43,15 @@ def test_generate_writes_units_and_tables(manifest, tmp_path):
     assert len(sources["sm80"]) == 4
     unit = (tmp_path / "bwd_sm80_fp16_hdim128.cu").read_text()
     assert "run_bwd<flash_cuda::half_t, 128>" in unit
-    table = (tmp_path / "kernel_table.inc").read_text()
-    assert sum(l.startswith("FLASH_CUDA_KERNEL(") for l in table.splitlines()) == 4
+    assert "bwd_workspace_bytes<flash_cuda::half_t, 128>" in unit
+    for op in ("fwd", "bwd"):
+        table = (tmp_path / f"{op}_kernel_table.inc").read_text()
+        entries = [l for l in table.splitlines() if l.startswith(f"FLASH_CUDA_{op.upper()}_KERNEL(")]
+        assert len(entries) == 2 and all("kSm80, kFloat16" in l for l in entries), table
+    families = (tmp_path / "family_table.inc").read_text()
+    assert 'FLASH_CUDA_FAMILY(kSm80, "sm80", 80, 1000, 90)' in families
     assert "FLASH_CUDA_BUILD_ARCHS {90}" in (tmp_path / "build_info.inc").read_text()
-    before = (tmp_path / "kernel_table.inc").stat().st_mtime_ns
+    before = (tmp_path / "fwd_kernel_table.inc").stat().st_mtime_ns
     manifest.generate(str(tmp_path), [90], selected)
-    assert (tmp_path / "kernel_table.inc").stat().st_mtime_ns == before, "unchanged files are kept"
+    assert (tmp_path / "fwd_kernel_table.inc").stat().st_mtime_ns == before, \
+        "unchanged files are kept"

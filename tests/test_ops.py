@@ -296,9 +296,28 @@ def test_build_info_is_a_fresh_plain_dict():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_build_info_serves_this_gpu():
+    """Machine code for this major version at or below this GPU, or PTX of an older arch (the
+    newest compiled arch's, which the driver compiles at load: a build for sm80 only on an
+    H200)."""
     major, minor = torch.cuda.get_device_capability()
+    cc = 10 * major + minor
     archs = flash_cuda.build_info()["archs"]
-    assert any(a // 10 == major and a <= 10 * major + minor for a in archs), archs
+    assert any(a // 10 == major and a <= cc for a in archs) or max(archs) < cc, archs
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_flash_cuda_family_forces_a_family(monkeypatch):
+    """FLASH_CUDA_FAMILY, read at every call, picks a compiled family or says it is not there."""
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+    expected = flash_attn_func(q, q, q, causal=True)
+    for family in flash_cuda.build_info()["families"]:
+        monkeypatch.setenv("FLASH_CUDA_FAMILY", family)
+        torch.testing.assert_close(flash_attn_func(q, q, q, causal=True), expected, atol=0,
+                                   rtol=0)
+    monkeypatch.setenv("FLASH_CUDA_FAMILY", "sm42")
+    with pytest.raises(NotImplementedError, match="FLASH_CUDA_FAMILY=sm42 names no kernel family"):
+        flash_attn_func(q, q, q)
 
 
 def test_missing_extension_says_how_to_build():

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "common/params.h"
 
 namespace flash_cuda {
@@ -12,13 +14,19 @@ namespace flash_cuda {
 struct half_t;
 struct bfloat16_t;
 
+// Every family declares, per op, a launcher and, where the op needs scratch device memory, its
+// size: the op layer allocates `bwd_workspace_bytes(params)` bytes (aligned as torch's allocator
+// aligns, to 512) and hands them to run_bwd, which lays them out and runs the op's pre- and
+// post-kernels itself.  The op layer learns no family's layout.
 namespace sm80 {
 template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 template <class ElementTag, int kHeadDim>
-cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+size_t bwd_workspace_bytes(const BwdParams& params);
+template <class ElementTag, int kHeadDim>
+cudaError_t run_bwd(const BwdParams& params, void* workspace, cudaStream_t stream);
 // rowsum(dO * O) for every row, written to params.dot_do_o, and the dQ accumulator zeroed;
-// dtype chosen at run time.
+// dtype chosen at run time.  Part of run_bwd.
 cudaError_t run_bwd_preprocess(const BwdParams& params, DType dtype, cudaStream_t stream);
 }  // namespace sm80
 

@@ -55,19 +55,14 @@ struct FwdParams {
   bool masked() const { return window_left >= 0 || window_right >= 0; }
 };
 
-// Rows of the float32 dQ accumulator are allocated in whole tiles of this many rows (the
-// largest backward kBlockM): dense, per (batch, head), round_up(seqlen_q, kDqAccumRowAlign) rows;
-// varlen, per head, total_q + batch * kDqAccumRowAlign rows, where sequence b's tiles start at
-// row floor((cu_seqlens_q[b] + b * kBlockM) / kBlockM) * kBlockM (room for its last partial tile
-// without touching the next sequence's).  Inside a tile the order is the kernel's own (see
-// DqAccumLayout in sm80/bwd_kernel.cuh): only the backward kernel and its dQ conversion read it.
-constexpr int kDqAccumRowAlign = 128;
 
 struct BwdParams {
   FwdParams fwd;  // q, k, v, o, lse and the problem as the forward saw it
   TensorRef dout;
   TensorRef dq;                 // the output, q's layout
-  TensorRef dq_accum;           // float32, rows of the kernel's head dim (row_stride), see above
+  // dq_accum and dot_do_o live in the workspace the family's launcher lays out (the caller
+  // allocates bwd_workspace_bytes and never learns the layout).
+  TensorRef dq_accum;           // float32 dQ accumulator, in the family's own layout
   int64_t dq_accum_floats = 0;  // its size; the preprocess kernel zeroes it
   TensorRef dk, dv;             // heads_q heads when heads_q != heads_kv (summed by the caller)
   RowStatsRef dot_do_o;         // float32 rowsum(dO * O), written by the preprocess kernel

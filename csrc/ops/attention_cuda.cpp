@@ -290,8 +290,8 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q_in, const Tensor& k_in, cons
   FwdParams p = problem(q_in, k_in, v_in, cu_q, cu_k, used_q, used_k, max_seqlen_q, max_seqlen_k,
                         scale, causal, window_left, window_right);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const KernelChoice kernel = find_fwd(device_arch(q_in), kernel_dtype(q_in), p.head_dim);
-  TORCH_CHECK_NOT_IMPLEMENTED(kernel.fwd != nullptr, kernel.error);
+  const auto kernel = find_fwd(device_arch(q_in), kernel_dtype(q_in), p.head_dim);
+  TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
   const Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
 
   // Packed rows outside every sequence are never visited: zero / -inf them up front.
@@ -302,7 +302,8 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q_in, const Tensor& k_in, cons
   p.v = ref(v, varlen);
   p.o = ref(out, varlen);
   p.lse = stats_ref(lse, varlen);
-  check_launch(kernel.fwd(p, c10::cuda::getCurrentCUDAStream()), "forward", kernel.head_dim);
+  check_launch(kernel.launcher.run(p, c10::cuda::getCurrentCUDAStream()), "forward",
+               kernel.head_dim);
   return {out, lse};
 }
 
@@ -347,9 +348,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   // torch.use_deterministic_algorithms(True) raises here (warns with warn_only=True).
   at::globalContext().alertNotDeterministic("flash_cuda::bwd (its dq accumulation uses atomics)");
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const DType dtype = kernel_dtype(q_in);
-  const KernelChoice kernel = find_bwd(device_arch(q_in), dtype, f.head_dim);
-  TORCH_CHECK_NOT_IMPLEMENTED(kernel.bwd != nullptr, kernel.error);
+  const auto kernel = find_bwd(device_arch(q_in), kernel_dtype(q_in), f.head_dim);
+  TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
   const Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
   const Tensor dout = aligned(dout_in), out = aligned(out_in);
   const Tensor lse = lse_in.contiguous();
@@ -367,17 +367,6 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   };
   Tensor dk_expanded = grouped ? expanded(k) : dk;
   Tensor dv_expanded = grouped ? expanded(v) : dv;
-  Tensor dot = new_stats(q, varlen, f.batch, 0.f);
-  // The float32 dQ accumulator, in whole tiles per sequence (kDqAccumRowAlign in params.h); the
-  // preprocess kernel zeroes it.
-  const int64_t acc_d = kernel.head_dim;
-  const int64_t align = kDqAccumRowAlign;
-  const int64_t acc_rows = varlen ? q.size(0) + f.batch * align
-                                  : (q.size(1) + align - 1) / align * align;
-  const int64_t acc_batches = varlen ? 1 : f.batch;
-  Tensor dq_accum = at::empty({acc_batches * heads_q * acc_rows * acc_d},
-                              q.options().dtype(at::kFloat));
-
   f.q = ref(q, varlen);
   f.k = ref(k, varlen);
   f.v = ref(v, varlen);
@@ -387,18 +376,14 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   p.fwd = f;
   p.dout = ref(dout, varlen);
   p.dq = ref(dq, varlen);
-  p.dq_accum.ptr = dq_accum.data_ptr();
-  p.dq_accum.batch_stride = varlen ? 0 : heads_q * acc_rows * acc_d;
-  p.dq_accum.head_stride = acc_rows * acc_d;
-  p.dq_accum.row_stride = acc_d;
-  p.dq_accum_floats = dq_accum.numel();
   p.dk = ref(dk_expanded, varlen);
   p.dv = ref(dv_expanded, varlen);
-  p.dot_do_o = stats_ref(dot, varlen);
   p.total_rows_q = varlen ? q.size(0) : q.size(0) * q.size(1);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(sm80::run_bwd_preprocess(p, dtype, stream));
-  check_launch(kernel.bwd(p, stream), "backward", kernel.head_dim);
+  // The family's scratch memory (its dQ accumulator, rowsum(dO * O)), laid out by its launcher.
+  Tensor workspace = at::empty({static_cast<int64_t>(kernel.launcher.workspace_bytes(p))},
+                               q.options().dtype(at::kByte));
+  check_launch(kernel.launcher.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()),
+               "backward", kernel.head_dim);
   if (grouped) {
     sum_over_group(dk_expanded, dk);
     sum_over_group(dv_expanded, dv);

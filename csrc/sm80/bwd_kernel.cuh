@@ -85,7 +85,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct BwdKernel {
     const int frag = (warp * (kDqM / 16) + mt) * (kDqD / 8) + dt;
     return frag * 128 + (kDqVec == 4 ? lane * 4 + e : e * 32 + lane);
   }
-  // Sequence `sq`'s first accumulator tile (the rows params.h's kDqAccumRowAlign describes).
+  // Sequence `sq`'s first accumulator tile (the rows tile_config.h's kDqAccumRowAlign describes).
   static __device__ __forceinline__ float* dq_accum_tiles(const BwdParams& p, const SeqlenInfo& sq,
                                                           int head, int batch) {
     const int64_t row0 = p.fwd.seq_q.cu_seqlens == nullptr

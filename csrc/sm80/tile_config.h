@@ -81,6 +81,15 @@ template <> struct FwdTileConfigSmall<256> : FwdTable {  // 16 rows/warp, no exc
 // kGemmPrefetch: the GEMMs load each k-step's fragments one step ahead (warp_gemm): +0.5-2% at
 // hdims 64 and 128, -3% at 256, where the registers are short (benchmarks/NOTES.md entry 22).
 //
+// Rows of the float32 dQ accumulator (in the backward's workspace, laid out by launch_bwd.cuh)
+// are allocated in whole tiles of this many rows (the largest backward kBlockM): dense, per
+// (batch, head), round_up(seqlen_q, kDqAccumRowAlign) rows; varlen, per head, total_q + batch *
+// kDqAccumRowAlign rows, where sequence b's tiles start at row floor((cu_seqlens_q[b] + b *
+// kBlockM) / kBlockM) * kBlockM (room for its last partial tile without touching the next
+// sequence's).  Inside a tile the order is the kernel's own (see DqAccumLayout in
+// sm80/bwd_kernel.cuh): only the backward kernel and its dQ conversion read it.
+constexpr int kDqAccumRowAlign = 128;
+
 // Each table serves the compute capabilities [kMinArch, kEndArch); the launcher picks by the
 // code the GPU runs and the kernel body is compiled only there.
 struct BwdTableSm80 {  // what every entry of the sm80 table shares
