@@ -219,13 +219,19 @@ def check_cuda_grid_limits(q, k, batch, max_seqlen_q, max_seqlen_k, varlen) -> N
                                               f"and 2^31 - 1 on CUDA; got {t.shape[0]}.")
 
 
-def check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-                 max_seqlen_k, softmax_scale, window_left, window_right) -> None:
-    """Every rule of torch.ops.flash_cuda.fwd (and of the problem half of .bwd)."""
+def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k) -> bool:
+    """Both (varlen) or neither (dense); returns whether varlen."""
     varlen = cu_seqlens_q is not None
     if (cu_seqlens_k is not None) != varlen:
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (varlen "
                          "attention) or neither (dense attention).")
+    return varlen
+
+
+def check_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, window_left, window_right) -> None:
+    """Every rule of torch.ops.flash_cuda.fwd (and of the problem half of .bwd)."""
+    varlen = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
     check_qkv(q, k, v, varlen)
     if varlen:
         check_is_tensor("cu_seqlens_q", cu_seqlens_q)

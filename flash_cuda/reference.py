@@ -206,11 +206,7 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, chunk_size) -> None:
     """The op rules on the tensors' shapes (flash_cuda/_checks.py), for direct callers of the
     reference; the ops check them in full before calling it."""
     from flash_cuda import _checks  # plain Python over torch, like this module
-    varlen = cu_seqlens_q is not None
-    if (cu_seqlens_k is not None) != varlen:
-        raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (varlen "
-                         "attention) or neither (dense attention).")
-    _checks.check_qkv(q, k, v, varlen)
+    _checks.check_qkv(q, k, v, _checks.check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k))
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}.")
 

@@ -2,8 +2,9 @@
 
 `fast` marks the tests worth running on every GPU change (under a minute in all); `cuda` marks
 tests that need a CUDA device and skip without one.
-The `manifest` fixture loads csrc/manifest.py (not a package) for the tests that check the
-build's declared kernels against what the code and the docs say.
+The `manifest` and `toolchain` fixtures load csrc/manifest.py and csrc/toolchain.py (not a
+package) for the tests of the build: its declared kernels against the code and the docs, and its
+compiler checks.
 """
 
 import importlib.util
@@ -12,13 +13,22 @@ from pathlib import Path
 import pytest
 
 
-@pytest.fixture(scope="session")
-def manifest():
-    path = Path(__file__).resolve().parents[1] / "csrc" / "manifest.py"
-    spec = importlib.util.spec_from_file_location("flash_cuda_manifest", path)
+def _load_csrc_module(name):
+    path = Path(__file__).resolve().parents[1] / "csrc" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"flash_cuda_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def manifest():
+    return _load_csrc_module("manifest")
+
+
+@pytest.fixture(scope="session")
+def toolchain():
+    return _load_csrc_module("toolchain")
 
 
 def pytest_configure(config):

@@ -1,7 +1,6 @@
 """The build: which archs the knobs select, the compiler checks of csrc/toolchain.py, and that the
 extension formats numbers in its messages (Note [One C++ runtime])."""
 
-import importlib.util
 import os
 import shutil
 import stat
@@ -13,15 +12,6 @@ import pytest
 import flash_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def toolchain():
-    spec = importlib.util.spec_from_file_location("flash_cuda_toolchain",
-                                                  ROOT / "csrc" / "toolchain.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.fast

@@ -12,17 +12,18 @@ from torch import nn
 from flash_cuda import flash_attn_func, flash_attn_varlen_func
 
 
-class Block(nn.Module):
+class Attention(nn.Module):
+    """A projection into GQA heads, causal flash attention (dense, or varlen given cu_seqlens),
+    and the output projection. tests/test_export.py exports it."""
+
     def __init__(self, dim, heads, heads_kv):
         super().__init__()
         self.heads, self.heads_kv, self.head_dim = heads, heads_kv, dim // heads
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, (heads + 2 * heads_kv) * self.head_dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
-    def attention(self, x, cu_seqlens=None, max_seqlen=None):
-        q, k, v = self.qkv(self.norm1(x)).split(
+    def forward(self, x, cu_seqlens=None, max_seqlen=None):
+        q, k, v = self.qkv(x).split(
             [self.heads * self.head_dim, self.heads_kv * self.head_dim,
              self.heads_kv * self.head_dim], dim=-1)
         shape = x.shape[:-1]
@@ -35,6 +36,17 @@ class Block(nn.Module):
             out = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                          causal=True)
         return self.proj(out.reshape(*shape, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, heads_kv):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, heads_kv)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def attention(self, x, cu_seqlens=None, max_seqlen=None):
+        return self.attn(self.norm1(x), cu_seqlens, max_seqlen)
 
     def forward(self, x, cu_seqlens=None, max_seqlen=None):
         x = x + self.attention(x, cu_seqlens, max_seqlen)

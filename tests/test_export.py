@@ -6,37 +6,13 @@ import itertools
 
 import pytest
 import torch
-from torch import nn
+from test_compile_block import Attention  # projection, GQA flash attention, projection
 
 from flash_cuda import flash_attn_func, flash_attn_varlen_func
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
-
-
-class Attention(nn.Module):
-    """A projection into GQA heads, flash attention (dense, or varlen given cu_seqlens), and out."""
-
-    def __init__(self, dim=64, heads=4, heads_kv=2):
-        super().__init__()
-        self.heads, self.heads_kv, self.d = heads, heads_kv, dim // heads
-        self.qkv = nn.Linear(dim, (heads + 2 * heads_kv) * self.d, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x, cu_seqlens=None, max_seqlen: int = 0):
-        q, k, v = self.qkv(x).split([self.heads * self.d, self.heads_kv * self.d,
-                                     self.heads_kv * self.d], dim=-1)
-        shape = x.shape[:-1]
-        q = q.unflatten(-1, (self.heads, self.d))
-        k = k.unflatten(-1, (self.heads_kv, self.d))
-        v = v.unflatten(-1, (self.heads_kv, self.d))
-        if cu_seqlens is None:
-            o = flash_attn_func(q, k, v, causal=True)
-        else:
-            o = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                                       causal=True)
-        return self.out(o.reshape(*shape, -1))
 
 
 def _dtype(device):
@@ -69,7 +45,7 @@ def _loss_and_grads(module, inputs):
 def test_exported_train_step_matches_eager(device, varlen):
     """torch.export keeps flash_cuda.fwd in the graph; the exported module trains: its loss and
     gradients are eager's."""
-    model = Attention().to(device, _dtype(device))
+    model = Attention(64, 4, 2).to(device, _dtype(device))
     inputs = _inputs(device, varlen)
     exported = torch.export.export(model, inputs)
     assert any("flash_cuda.fwd" in str(n.target) for n in exported.graph.nodes)
@@ -81,30 +57,21 @@ def test_exported_train_step_matches_eager(device, varlen):
         torch.testing.assert_close(a, b, atol=1e-5 if device == "cpu" else 2e-2, rtol=1e-3)
 
 
-def _good_cxx():
-    """A C++ compiler that links against the C++ runtime torch uses: AOTInductor builds its
-    package with $CXX, and a compiler that links its own libstdc++ (Note [One C++ runtime] in
-    csrc/toolchain.py) gives a package that crashes when loaded, as it would flash_cuda."""
-    import importlib.util
-    import os
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "csrc" / "toolchain.py"
-    spec = importlib.util.spec_from_file_location("flash_cuda_toolchain", path)
-    toolchain = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(toolchain)
-    return toolchain.check_cxx_runtime(dict(os.environ), print)
-
-
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_aoti_compiled_forward_matches_eager(varlen, tmp_path):
+def test_aoti_compiled_forward_matches_eager(varlen, tmp_path, toolchain):
     """AOTInductor compiles the exported forward to a package that calls the op through the
-    dispatcher (as FlashAttention-3's own export test does)."""
+    dispatcher (as FlashAttention-3's own export test does). It builds the package with $CXX,
+    and a compiler that links its own libstdc++ (Note [One C++ runtime] in csrc/toolchain.py)
+    gives a package that crashes when loaded, as it would flash_cuda: build with one that
+    passes the toolchain's check."""
+    import os
     if not HAS_CUDA:
         pytest.skip("AOTInductor is tested on the GPU (a CPU compile takes minutes)")
     device = "cuda"
-    model = Attention().to(device, _dtype(device)).eval()
+    model = Attention(64, 4, 2).to(device, _dtype(device)).eval()
     inputs = _inputs(device, varlen)
-    with torch.no_grad(), torch._inductor.config.patch({"cpp.cxx": (None, _good_cxx())}):
+    with torch.no_grad(), torch._inductor.config.patch(
+            {"cpp.cxx": (None, toolchain.check_cxx_runtime(dict(os.environ), print))}):
         expected = model(*inputs)
         exported = torch.export.export(model, inputs)
         path = torch._inductor.aoti_compile_and_package(
