@@ -5,14 +5,10 @@ import os
 import shutil
 import stat
 import sys
-from pathlib import Path
 
 import pytest
 
 import flash_cuda
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.mark.fast
 def test_check_messages_format_numbers():
