@@ -69,15 +69,13 @@ def detected_archs():
     return None
 
 
-def nvcc_flags(archs):
+def nvcc_flags(gencode):
+    """Every CUDA unit's flags, with the gencode flags of the portable family; the other
+    families' units get their own gencode flags (toolchain.PerUnitFlags)."""
     flags = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
              "-DNDEBUG", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
              "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-             "-Xptxas=-warn-spills"]
-    for arch in archs:
-        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
-    # PTX of the newest arch lets newer GPUs run the portable kernels too.
-    flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+             "-Xptxas=-warn-spills"] + gencode
     if os.environ.get("FLASH_CUDA_PTXAS_VERBOSE", "0") == "1":
         flags.append("-Xptxas=-v")
     return flags
@@ -143,6 +141,7 @@ def extension_and_cmdclass():
 
     nvcc, no_cuda_reason = cuda_build_or_reason()
     registration = ["csrc/ops/registration.cpp"]
+    per_unit = toolchain.PerUnitFlags([], {})
     if nvcc is None:
         log(f"building without CUDA kernels: {no_cuda_reason}. The ops run on CPU tensors "
             "(the reference implementation) and trace under torch.compile; "
@@ -169,11 +168,19 @@ def extension_and_cmdclass():
         kernel_sources = [os.path.relpath(p, ROOT) for paths in generated.values() for p in paths]
         sources = registration + ["csrc/ops/attention_cuda.cpp", "csrc/dispatch/dispatch.cpp",
                                   "csrc/sm80/bwd_preprocess.cu"] + kernel_sources
+        portable = manifest.PORTABLE_FAMILY
+        gencode = {f: manifest.gencode_flags(f, fa) for f, (fa, _) in selected.items()}
+        for family, family_archs in sorted((f, fa) for f, (fa, _) in selected.items()):
+            log(f"family {family}: {len(generated.get(family, []))} units for "
+                f"{', '.join(manifest.targets(family, family_archs))}")
+        per_unit = toolchain.PerUnitFlags(gencode[portable], {
+            os.path.join(ROOT, p): gencode[f] for f, paths in generated.items() if f != portable
+            for p in [os.path.relpath(q, ROOT) for q in paths]})
         ext = CUDAExtension(
             name="flash_cuda._C",
             sources=sources,
             include_dirs=include_dirs(cutlass_include),
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": nvcc_flags(archs)},
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": nvcc_flags(gencode[portable])},
         )
 
     class TimedBuild(BuildExtension):
@@ -184,6 +191,7 @@ def extension_and_cmdclass():
             super().run()
 
         def build_extensions(self):
+            per_unit.install()
             start = time.time()
             super().build_extensions()
             report_compile_times(self.build_temp)

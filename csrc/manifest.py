@@ -18,14 +18,23 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 DTYPES = {"fp16": ("half_t", "DType::kFloat16"), "bf16": ("bfloat16_t", "DType::kBFloat16")}
 DIRECTIONS = ("fwd", "bwd")
 
-# Kernel families.  Each serves a range of compute capabilities and is compiled only for the
-# archs of FLASH_CUDA_ARCHS inside that range.
+# Kernel families, in preference order: dispatch takes the first compiled one that serves the GPU
+# and supports the problem, and falls back to the portable family (the last) otherwise
+# (FLASH_CUDA_FAMILY, read at run time, puts the family it names first).  Each family serves the
+# compute capabilities [min_arch, max_arch), is compiled only for the archs of FLASH_CUDA_ARCHS
+# in that range, and holds kernels for its `directions`.  `arch_specific` families compile to
+# sm_XXa machine code and nothing else: code that uses wgmma or setmaxnreg runs on that arch
+# only, so no PTX can carry it to a later GPU.
 FAMILIES = {
-    # mma.sync + cp.async: runs on every GPU from Ampere on; the fallback for archs with no
-    # native family.  Families are listed in preference order: dispatch takes the first compiled
-    # one that serves the GPU (FLASH_CUDA_FAMILY, read at run time, forces one).
-    "sm80": {"min_arch": 80, "max_arch": 1000, "arch_enum": "kSm80"},
+    # TMA + wgmma + warp specialisation (csrc/sm90/); forward only: the backward of a Hopper
+    # GPU runs on the portable family, fed by this family's out and lse.
+    "sm90": {"min_arch": 90, "max_arch": 100, "arch_enum": "kSm90", "arch_specific": True,
+             "directions": ("fwd",)},
+    # mma.sync + cp.async: runs on every GPU from Ampere on (later ones through its PTX).
+    "sm80": {"min_arch": 80, "max_arch": 1000, "arch_enum": "kSm80", "arch_specific": False,
+             "directions": ("fwd", "bwd")},
 }
+PORTABLE_FAMILY = "sm80"
 DEFAULT_ARCHS = (80, 90)
 
 
@@ -47,6 +56,11 @@ class Kernel:
     @property
     def launcher(self):
         return self._function(f"run_{self.direction}")
+
+    @property
+    def supports(self):
+        """The function that says whether the kernel takes a problem (the forward's only)."""
+        return self._function("fwd_supports") if self.direction == "fwd" else None
 
     @property
     def workspace(self):
@@ -117,9 +131,25 @@ def select(archs, head_dims, dtypes, directions):
         if not family_archs:
             continue
         kernels = [Kernel(family, direction, dtype, hdim)
-                   for direction in directions for dtype in dtypes for hdim in head_dims]
+                   for direction in directions if direction in info["directions"]
+                   for dtype in dtypes for hdim in head_dims]
         selected[family] = (family_archs, kernels)
     return selected
+
+
+def gencode_flags(family, family_archs):
+    """nvcc's -gencode flags for a family's units: machine code for each arch, and PTX of the
+    newest for later GPUs unless the family is arch-specific."""
+    if FAMILIES[family]["arch_specific"]:
+        return [f"-gencode=arch=compute_{a}a,code=sm_{a}a" for a in family_archs]
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in family_archs]
+    newest = family_archs[-1]
+    return flags + [f"-gencode=arch=compute_{newest},code=compute_{newest}"]
+
+
+def targets(family, family_archs):
+    """What a family's units are compiled to, as build_info() reports it: sm_90a, compute_90..."""
+    return [f.rsplit("code=", 1)[1] for f in gencode_flags(family, family_archs)]
 
 
 def _write_if_changed(path, text):
@@ -137,6 +167,7 @@ def _kernel_source(kernel):
              "// kernels compile in parallel.",
              f'#include "{kernel.family}/launch_{kernel.direction}.cuh"', ""]
     if kernel.direction == "fwd":
+        lines.append(f"template bool {kernel.supports}(const flash_cuda::FwdParams&);")
         lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::FwdParams&, "
                      f"cudaStream_t);")
     else:
@@ -154,18 +185,20 @@ def _table_sources(selected):
     """{file name: text}: the families, the forward kernels and the backward kernels."""
     head = "// Generated from csrc/manifest.py: "
     families = [head + "the kernel families this build holds, in preference order.",
-                "// FLASH_CUDA_FAMILY(enum, name, min_arch, end_arch, compiled archs...)"]
-    fwd = [head + "the forward kernels.", "// FLASH_CUDA_FWD_KERNEL(family, dtype, head_dim, run)"]
+                "// FLASH_CUDA_FAMILY(enum, name, min_arch, end_arch, arch_specific, compiled archs...)"]
+    fwd = [head + "the forward kernels.",
+           "// FLASH_CUDA_FWD_KERNEL(family, dtype, head_dim, supports, run)"]
     bwd = [head + "the backward kernels.",
            "// FLASH_CUDA_BWD_KERNEL(family, dtype, head_dim, workspace_bytes, run)"]
     for family, (archs, kernels) in selected.items():
         info = FAMILIES[family]
         families.append(f'FLASH_CUDA_FAMILY({info["arch_enum"]}, "{family}", {info["min_arch"]}, '
-                        f'{info["max_arch"]}, {", ".join(str(a) for a in archs)})')
+                        f'{info["max_arch"]}, {str(info["arch_specific"]).lower()}, '
+                        f'{", ".join(str(a) for a in archs)})')
         for k in kernels:
             key = f"{info['arch_enum']}, {_dtype_enum(k.dtype)}, {k.head_dim}"
             if k.direction == "fwd":
-                fwd.append(f"FLASH_CUDA_FWD_KERNEL({key}, ({k.launcher}))")
+                fwd.append(f"FLASH_CUDA_FWD_KERNEL({key}, ({k.supports}), ({k.launcher}))")
             else:
                 bwd.append(f"FLASH_CUDA_BWD_KERNEL({key}, ({k.workspace}), ({k.launcher}))")
     return {"family_table.inc": families, "fwd_kernel_table.inc": fwd,
@@ -184,8 +217,15 @@ def _build_info_source(archs, selected):
                      f"{k.head_dim}}}, \\")
     if kernels:
         lines.append("}")
-    for family, (fa, _) in selected.items():
-        lines.append(f"// family {family}: compiled for sm_{', sm_'.join(str(a) for a in fa)}")
+    # {name, targets, min_arch, end_arch, ops}: the families in preference order.
+    lines.append("#define FLASH_CUDA_BUILD_FAMILIES {" + (" \\" if selected else "}"))
+    for family, (fa, ks) in selected.items():
+        info = FAMILIES[family]
+        ops = sorted({k.direction for k in ks}, key=DIRECTIONS.index)
+        lines.append(f'  {{"{family}", "{" ".join(targets(family, fa))}", {info["min_arch"]}, '
+                     f'{info["max_arch"]}, "{" ".join(ops)}"}}, \\')
+    if selected:
+        lines.append("}")
     return "\n".join(lines) + "\n"
 
 

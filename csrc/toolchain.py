@@ -1,4 +1,5 @@
-"""Build-time checks of the compilers setup.py hands to torch's extension builder.
+"""Build-time checks of the compilers setup.py hands to torch's extension builder, and the
+per-family nvcc flags it adds to torch's ninja file (PerUnitFlags).
 
 Two checks, both run before anything is compiled, so that a bad toolchain fails the build with
 a message instead of producing an extension that misbehaves at run time:
@@ -172,3 +173,58 @@ def check_cuda_versions(nvcc, nvcc_version, torch_cuda):
             f".x toolkit. Point CUDA_HOME at one (e.g. CUDA_HOME=/usr/local/cuda-"
             f"{torch_cuda}), install the torch build for CUDA {nvcc_version.split('.')[0]}, or "
             f"build without CUDA kernels with FLASH_CUDA_DISABLE_CUDA=1.")
+
+
+class PerUnitFlags:
+    """Gives each family's units their own -gencode flags.
+
+    torch's BuildExtension compiles every .cu of an extension with one flag list, but an sm_90a
+    unit must not be compiled for sm_80 (its wgmma does not exist there) nor a portable unit for
+    sm_90a only.  So the extension's flags carry the portable family's gencode flags, and once
+    torch has written build.ninja, each other family's build statements get a
+    `cuda_post_cflags` binding of their own (ninja lets a build statement shadow a file-level
+    variable) with that family's gencode flags in place of the portable ones.
+    """
+
+    def __init__(self, default_gencode, overrides):
+        self.default = " ".join(default_gencode)
+        self.overrides = {os.path.abspath(src): " ".join(flags) for src, flags in overrides.items()}
+
+    def rewrite(self, path):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        prefix = "cuda_post_cflags = "
+        value = next((l[len(prefix):] for l in lines if l.startswith(prefix)), None)
+        if value is None or self.default not in value:
+            raise RuntimeError(f"flash_cuda: {path} has no cuda_post_cflags with the portable "
+                               f"gencode flags; this torch writes its ninja file differently")
+        out, found = [], 0
+        for line in lines:
+            out.append(line)
+            head, sep, src = line.partition(": cuda_compile ")
+            if line.startswith("build ") and sep:
+                flags = self.overrides.get(os.path.abspath(src.replace("$ ", " ")))
+                if flags is not None:
+                    out.append("  " + prefix + value.replace(self.default, flags))
+                    found += 1
+        if found != len(self.overrides):
+            raise RuntimeError(f"flash_cuda: found {found} of the {len(self.overrides)} units "
+                               f"with their own flags in {path}")
+        with open(path, "w") as f:
+            f.write("\n".join(out) + "\n")
+
+    def install(self):
+        """Wraps torch's ninja writer (a private function: checked to exist, so that a torch
+        without it fails the build loudly rather than compiling units for the wrong archs)."""
+        from torch.utils import cpp_extension
+        write = getattr(cpp_extension, "_write_ninja_file", None)
+        if write is None:
+            raise RuntimeError("flash_cuda: torch.utils.cpp_extension._write_ninja_file is gone; "
+                               "setup.py's PerUnitFlags must follow torch's ninja writer")
+
+        def write_and_rewrite(path, *args, **kwargs):
+            write(path, *args, **kwargs)
+            if self.overrides:
+                self.rewrite(path)
+
+        cpp_extension._write_ninja_file = write_and_rewrite

@@ -30,6 +30,25 @@ def test_arch_precedence(manifest, env, archs, source):
     assert manifest.parse_archs(env) == (archs, source)
 
 
+def test_each_family_unit_gets_its_own_gencode(toolchain, tmp_path):
+    """torch writes one cuda_post_cflags for all units; PerUnitFlags gives the sm90 units a
+    binding of their own with the family's gencode in place of the portable one's."""
+    portable = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=compute_90"]
+    sm90_unit = str(tmp_path / "fwd_sm90_bf16_hdim64.cu")
+    ninja = tmp_path / "build.ninja"
+    ninja.write_text(
+        "cuda_post_cflags = -O3 " + " ".join(portable) + " -DX\n"
+        f"build a.o: cuda_compile {tmp_path / 'fwd_sm80_bf16_hdim64.cu'}\n"
+        f"build b.o: cuda_compile {sm90_unit}\n")
+    flags = toolchain.PerUnitFlags(portable, {sm90_unit: ["-gencode=arch=compute_90a,code=sm_90a"]})
+    flags.rewrite(str(ninja))
+    lines = ninja.read_text().splitlines()
+    assert lines[1].startswith("build a.o") and lines[2].startswith("build b.o")
+    assert lines[3] == "  cuda_post_cflags = -O3 -gencode=arch=compute_90a,code=sm_90a -DX"
+    with pytest.raises(RuntimeError, match="found 0 of the 1 units"):
+        toolchain.PerUnitFlags(portable, {"/elsewhere.cu": ["-x"]}).rewrite(str(ninja))
+
+
 def test_visible_gpus_come_after_the_knobs(manifest):
     assert manifest.parse_archs({}, detected_archs=[86]) == ([86], "the visible GPUs")
     assert manifest.parse_archs({"TORCH_CUDA_ARCH_LIST": "9.0"}, [86])[0] == [90]

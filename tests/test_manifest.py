@@ -24,6 +24,26 @@ def test_knobs_filter(manifest):
     selected = manifest.select(archs, hdims, dtypes, directions)
     names = sorted(k.name for k in selected["sm80"][1])
     assert names == ["fwd_sm80_bf16_hdim128", "fwd_sm80_bf16_hdim64"]
+    assert sorted(k.name for k in selected["sm90"][1]) == ["fwd_sm90_bf16_hdim128",
+                                                           "fwd_sm90_bf16_hdim64"]
+
+
+def test_families_select_their_archs_and_ops(manifest):
+    """sm90 serves 9.x with forward kernels only; the portable family serves every arch."""
+    selected = manifest.select([80, 90], (64,), ("bf16",), ("fwd", "bwd"))
+    assert list(selected) == ["sm90", "sm80"], "preference order"
+    assert selected["sm90"][0] == [90] and selected["sm80"][0] == [80, 90]
+    assert {k.direction for k in selected["sm90"][1]} == {"fwd"}
+    assert list(manifest.select([80], (64,), ("bf16",), ("fwd",))) == ["sm80"]
+    assert manifest.PORTABLE_FAMILY == list(manifest.FAMILIES)[-1]
+
+
+def test_gencode_flags(manifest):
+    """Arch-specific code (sm_90a) ships as machine code only; the portable family adds PTX of
+    its newest arch for later GPUs."""
+    assert manifest.gencode_flags("sm90", [90]) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert manifest.targets("sm80", [80, 90]) == ["sm_80", "sm_90", "compute_90"]
+    assert manifest.targets("sm90", [90]) == ["sm_90a"]
 
 
 @pytest.mark.parametrize("env, word", [({"FLASH_CUDA_HDIMS": "72"}, "FLASH_CUDA_HDIMS"),
@@ -40,17 +60,23 @@ def test_no_family_below_sm80(manifest):
 def test_generate_writes_units_and_tables(manifest, tmp_path):
     selected = manifest.select([90], (64, 128), ("fp16",), ("fwd", "bwd"))
     sources = manifest.generate(str(tmp_path), [90], selected)
-    assert len(sources["sm80"]) == 4
+    assert len(sources["sm80"]) == 4 and len(sources["sm90"]) == 2
     unit = (tmp_path / "bwd_sm80_fp16_hdim128.cu").read_text()
     assert "run_bwd<flash_cuda::half_t, 128>" in unit
     assert "bwd_workspace_bytes<flash_cuda::half_t, 128>" in unit
-    for op in ("fwd", "bwd"):
+    assert "fwd_supports<flash_cuda::half_t, 64>" in (tmp_path / "fwd_sm90_fp16_hdim64.cu").read_text()
+    for op, families in (("fwd", ["kSm90", "kSm90", "kSm80", "kSm80"]), ("bwd", ["kSm80"] * 2)):
         table = (tmp_path / f"{op}_kernel_table.inc").read_text()
         entries = [l for l in table.splitlines() if l.startswith(f"FLASH_CUDA_{op.upper()}_KERNEL(")]
-        assert len(entries) == 2 and all("kSm80, kFloat16" in l for l in entries), table
-    families = (tmp_path / "family_table.inc").read_text()
-    assert 'FLASH_CUDA_FAMILY(kSm80, "sm80", 80, 1000, 90)' in families
-    assert "FLASH_CUDA_BUILD_ARCHS {90}" in (tmp_path / "build_info.inc").read_text()
+        assert [l.split("(")[1].split(",")[0] for l in entries] == families, table
+        assert all("kFloat16" in l for l in entries), table
+    families = (tmp_path / "family_table.inc").read_text().splitlines()
+    assert families[-2:] == ['FLASH_CUDA_FAMILY(kSm90, "sm90", 90, 100, true, 90)',
+                             'FLASH_CUDA_FAMILY(kSm80, "sm80", 80, 1000, false, 90)']
+    info = (tmp_path / "build_info.inc").read_text()
+    assert "FLASH_CUDA_BUILD_ARCHS {90}" in info
+    assert '{"sm90", "sm_90a", 90, 100, "fwd"}' in info
+    assert '{"sm80", "sm_90 compute_90", 80, 1000, "fwd bwd"}' in info
     before = (tmp_path / "fwd_kernel_table.inc").stat().st_mtime_ns
     manifest.generate(str(tmp_path), [90], selected)
     assert (tmp_path / "fwd_kernel_table.inc").stat().st_mtime_ns == before, \

@@ -14,11 +14,14 @@ namespace flash_cuda {
 struct half_t;
 struct bfloat16_t;
 
-// Every family declares, per op, a launcher and, where the op needs scratch device memory, its
-// size: the op layer allocates `bwd_workspace_bytes(params)` bytes (aligned as torch's allocator
+// Every family declares, per op, a launcher, whether it takes a problem (`fwd_supports`: a
+// problem it does not take runs on the portable family) and, where the op needs scratch device
+// memory, its size: the op layer allocates `bwd_workspace_bytes(params)` bytes (aligned as torch's allocator
 // aligns, to 512) and hands them to run_bwd, which lays them out and runs the op's pre- and
 // post-kernels itself.  The op layer learns no family's layout.
 namespace sm80 {
+template <class ElementTag, int kHeadDim>
+bool fwd_supports(const FwdParams& params);
 template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 template <class ElementTag, int kHeadDim>
@@ -29,5 +32,12 @@ cudaError_t run_bwd(const BwdParams& params, void* workspace, cudaStream_t strea
 // dtype chosen at run time.  Part of run_bwd.
 cudaError_t run_bwd_preprocess(const BwdParams& params, DType dtype, cudaStream_t stream);
 }  // namespace sm80
+
+namespace sm90 {
+template <class ElementTag, int kHeadDim>
+bool fwd_supports(const FwdParams& params);
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+}  // namespace sm90
 
 }  // namespace flash_cuda

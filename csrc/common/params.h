@@ -7,7 +7,7 @@
 namespace flash_cuda {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
-enum class ArchFamily : int { kSm80 = 0 };
+enum class ArchFamily : int { kSm80 = 0, kSm90 = 1 };
 
 // One (batch, row, head, dim) tensor whose last dim is contiguous.  For a packed (varlen)
 // tensor batch_stride is 0 and rows are addressed by the packed offset from SeqArgs.

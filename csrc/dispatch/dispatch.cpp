@@ -16,6 +16,7 @@ struct Family {
   ArchFamily id;
   const char* name;
   int min_arch, end_arch;
+  bool arch_specific;  // sm_XXa code only: runs on exactly those archs
   std::vector<int> archs;
 };
 
@@ -27,8 +28,8 @@ template <class Launcher> struct Entry {
 };
 
 const std::vector<Family>& families() {
-#define FLASH_CUDA_FAMILY(id, name, min_arch, end_arch, ...) \
-  Family{ArchFamily::id, name, min_arch, end_arch, {__VA_ARGS__}},
+#define FLASH_CUDA_FAMILY(id, name, min_arch, end_arch, arch_specific, ...) \
+  Family{ArchFamily::id, name, min_arch, end_arch, arch_specific, {__VA_ARGS__}},
   static const std::vector<Family> table = {
 #include "generated/family_table.inc"
   };
@@ -36,8 +37,8 @@ const std::vector<Family>& families() {
   return table;
 }
 
-#define FLASH_CUDA_FWD_KERNEL(family, dtype, hdim, run) \
-  Entry<FwdLauncher>{ArchFamily::family, DType::dtype, hdim, FwdLauncher{run}},
+#define FLASH_CUDA_FWD_KERNEL(family, dtype, hdim, supports, run) \
+  Entry<FwdLauncher>{ArchFamily::family, DType::dtype, hdim, FwdLauncher{supports, run}},
 #define FLASH_CUDA_BWD_KERNEL(family, dtype, hdim, workspace_bytes, run) \
   Entry<BwdLauncher>{ArchFamily::family, DType::dtype, hdim, BwdLauncher{workspace_bytes, run}},
 
@@ -63,9 +64,10 @@ std::string arch_text(int sm) { return std::to_string(sm / 10) + "." + std::to_s
 
 // Whether code compiled for `archs` runs on `sm`: machine code for sm_X runs on a device of the
 // same major version with minor >= X's, and the PTX embedded for the newest arch is compiled by
-// the driver for any newer GPU.
+// the driver for any newer GPU.  Arch-specific code (sm_90a) runs on its arch only.
 bool runs_on(const Family& f, int sm) {
   if (sm < f.min_arch || sm >= f.end_arch || f.archs.empty()) return false;
+  if (f.arch_specific) return std::find(f.archs.begin(), f.archs.end(), sm) != f.archs.end();
   return std::any_of(f.archs.begin(), f.archs.end(),
                      [sm](int a) { return a / 10 == sm / 10 && a <= sm; }) ||
          sm > f.archs.back();
@@ -77,72 +79,88 @@ std::string compiled_families() {
   return names.empty() ? "none" : names;
 }
 
-// The family for `sm`, or nullptr with *error set.
-const Family* family_for(int sm, std::string* error) {
+// The families to try for `sm`, in order, or none with *error set: FLASH_CUDA_FAMILY's first
+// when it is set, then the portable family (the manifest's last); else every family that
+// serves `sm`, in preference order.
+std::vector<const Family*> families_for(int sm, std::string* error) {
+  std::vector<const Family*> order;
   if (sm < 80) {
     *error = "flash_cuda needs a GPU of compute capability 8.0 or newer (Ampere, Hopper, ...); "
              "this one is " + arch_text(sm);
-    return nullptr;
+    return order;
   }
   const char* forced = std::getenv("FLASH_CUDA_FAMILY");
-  if (forced != nullptr && *forced != '\0') {
-    for (const Family& f : families()) {
-      if (std::strcmp(f.name, forced) == 0 && runs_on(f, sm)) return &f;
+  const bool is_forced = forced != nullptr && *forced != '\0';
+  for (const Family& f : families()) {
+    if (!runs_on(f, sm)) continue;
+    if (!is_forced || std::strcmp(f.name, forced) == 0) order.push_back(&f);
+  }
+  if (is_forced) {
+    if (order.empty()) {
+      *error = std::string("FLASH_CUDA_FAMILY=") + forced + " names no kernel family this " +
+               "build holds for compute capability " + arch_text(sm) + " (compiled families: " +
+               compiled_families() + ")";
+      return order;
     }
-    *error = std::string("FLASH_CUDA_FAMILY=") + forced + " names no kernel family this build " +
-             "holds for compute capability " + arch_text(sm) + " (compiled families: " +
-             compiled_families() + ")";
-    return nullptr;
+    const Family& portable = families().back();
+    if (order.front() != &portable && runs_on(portable, sm)) order.push_back(&portable);
+    return order;
   }
-  for (const Family& f : families()) {
-    if (runs_on(f, sm)) return &f;
+  if (order.empty()) {
+    std::string list;
+    for (const Family& f : families()) {
+      for (int a : f.archs) list += (list.empty() ? "" : ", ") + std::to_string(a);
+    }
+    *error = "flash_cuda was not compiled for this GPU (compute capability " + arch_text(sm) +
+             "; compiled archs: " + (list.empty() ? "none" : list) +
+             "); rebuild with FLASH_CUDA_ARCHS including " + std::to_string(sm);
   }
-  std::string list;
-  for (const Family& f : families()) {
-    for (int a : f.archs) list += (list.empty() ? "" : ", ") + std::to_string(a);
-  }
-  *error = "flash_cuda was not compiled for this GPU (compute capability " + arch_text(sm) +
-           "; compiled archs: " + (list.empty() ? "none" : list) +
-           "); rebuild with FLASH_CUDA_ARCHS including " + std::to_string(sm);
-  return nullptr;
+  return order;
 }
 
-template <class Launcher>
-KernelChoice<Launcher> find(Op op, int sm, DType dtype, int head_dim) {
+bool takes(const FwdLauncher& l, const FwdParams& p) {
+  return l.supports == nullptr || l.supports(p);
+}
+bool takes(const BwdLauncher&, const BwdParams&) { return true; }
+
+template <class Launcher, class Params>
+KernelChoice<Launcher> find(Op op, int sm, DType dtype, const Params& params, int head_dim) {
   KernelChoice<Launcher> choice;
-  const Family* family = family_for(sm, &choice.error);
-  if (family == nullptr) return choice;
-  choice.family = family->name;
-  const Entry<Launcher>* best = nullptr;
-  std::string available;  // built only for the error message
-  for (const Entry<Launcher>& e : table(static_cast<Launcher*>(nullptr))) {
-    if (e.family != family->id || e.dtype != dtype) continue;
-    available += (available.empty() ? "" : ", ") + std::to_string(e.head_dim);
-    if (e.head_dim >= head_dim && (best == nullptr || e.head_dim < best->head_dim)) best = &e;
-  }
-  if (best == nullptr) {
+  for (const Family* family : families_for(sm, &choice.error)) {
+    const Entry<Launcher>* best = nullptr;
+    std::string available;  // built only for the error message
+    for (const Entry<Launcher>& e : table(static_cast<Launcher*>(nullptr))) {
+      if (e.family != family->id || e.dtype != dtype) continue;
+      available += (available.empty() ? "" : ", ") + std::to_string(e.head_dim);
+      if (e.head_dim >= head_dim && (best == nullptr || e.head_dim < best->head_dim)) best = &e;
+    }
+    if (best != nullptr && takes(best->launcher, params)) {
+      choice.launcher = best->launcher;
+      choice.family = family->name;
+      choice.head_dim = best->head_dim;
+      choice.error.clear();
+      return choice;
+    }
+    // The message names the last family tried: the portable one, which takes every problem.
+    choice.family = family->name;
     choice.error = std::string("flash_cuda was built without a ") + op_name(op) +
-                   " kernel for head dim " +
-                   std::to_string(head_dim) + " in " + dtype_name(dtype) + " (family " +
-                   family->name + "; compiled head dims: " +
+                   " kernel for head dim " + std::to_string(head_dim) + " in " +
+                   dtype_name(dtype) + " (family " + family->name + "; compiled head dims: " +
                    (available.empty() ? "none" : available) +
                    "); rebuild with FLASH_CUDA_HDIMS including a head dim >= " +
                    std::to_string(head_dim) +
                    (op == Op::kBwd ? " and without FLASH_CUDA_DISABLE_BACKWARD" : "");
-    return choice;
   }
-  choice.launcher = best->launcher;
-  choice.head_dim = best->head_dim;
   return choice;
 }
 
 }  // namespace
 
-KernelChoice<FwdLauncher> find_fwd(int sm, DType dtype, int head_dim) {
-  return find<FwdLauncher>(Op::kFwd, sm, dtype, head_dim);
+KernelChoice<FwdLauncher> find_fwd(int sm, DType dtype, const FwdParams& params) {
+  return find<FwdLauncher>(Op::kFwd, sm, dtype, params, params.head_dim);
 }
-KernelChoice<BwdLauncher> find_bwd(int sm, DType dtype, int head_dim) {
-  return find<BwdLauncher>(Op::kBwd, sm, dtype, head_dim);
+KernelChoice<BwdLauncher> find_bwd(int sm, DType dtype, const BwdParams& params) {
+  return find<BwdLauncher>(Op::kBwd, sm, dtype, params, params.fwd.head_dim);
 }
 
 }  // namespace flash_cuda

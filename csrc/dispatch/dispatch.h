@@ -1,5 +1,6 @@
 // Runtime values -> kernel: picks, per op, the compiled launcher for (kernel family, dtype, head
-// dim) from the generated tables.  Plain C++: the op layer above it is the only code that sees
+// dim) from the generated tables, falling back to the portable family for a problem a native
+// family does not take.  Plain C++: the op layer above it is the only code that sees
 // tensors, and it never names a family.
 #pragma once
 
@@ -16,6 +17,7 @@ enum class Op : int { kFwd = 0, kBwd = 1 };
 // One op's entry points in a family: what the launcher runs, and what it needs the caller to
 // allocate.
 struct FwdLauncher {
+  bool (*supports)(const FwdParams&) = nullptr;  // shapes only: pointers may not be set yet
   cudaError_t (*run)(const FwdParams&, cudaStream_t) = nullptr;
 };
 struct BwdLauncher {
@@ -31,10 +33,12 @@ template <class Launcher> struct KernelChoice {
   bool found() const { return launcher.run != nullptr; }
 };
 
-// The family that runs op on a device of compute capability `sm` (e.g. 90): the first compiled
-// family in the manifest's preference order that serves `sm`, or the one FLASH_CUDA_FAMILY
-// (read at every call) names; the smallest compiled head dim >= head_dim in it.
-KernelChoice<FwdLauncher> find_fwd(int sm, DType dtype, int head_dim);
-KernelChoice<BwdLauncher> find_bwd(int sm, DType dtype, int head_dim);
+// The kernel that runs op on a device of compute capability `sm` (e.g. 90): in the first
+// compiled family, in the manifest's preference order, that serves `sm` and holds a kernel for
+// the op whose head dim (the smallest compiled one >= params' head_dim) supports the problem.
+// FLASH_CUDA_FAMILY (read at every call) names the family to try first; the portable family
+// stays the fallback.
+KernelChoice<FwdLauncher> find_fwd(int sm, DType dtype, const FwdParams& params);
+KernelChoice<BwdLauncher> find_bwd(int sm, DType dtype, const BwdParams& params);
 
 }  // namespace flash_cuda

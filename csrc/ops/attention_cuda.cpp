@@ -290,7 +290,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q_in, const Tensor& k_in, cons
   FwdParams p = problem(q_in, k_in, v_in, cu_q, cu_k, used_q, used_k, max_seqlen_q, max_seqlen_k,
                         scale, causal, window_left, window_right);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const auto kernel = find_fwd(device_arch(q_in), kernel_dtype(q_in), p.head_dim);
+  const auto kernel = find_fwd(device_arch(q_in), kernel_dtype(q_in), p);
   TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
   const Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
 
@@ -348,7 +348,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(
   // torch.use_deterministic_algorithms(True) raises here (warns with warn_only=True).
   at::globalContext().alertNotDeterministic("flash_cuda::bwd (its dq accumulation uses atomics)");
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const auto kernel = find_bwd(device_arch(q_in), kernel_dtype(q_in), f.head_dim);
+  BwdParams shape_only;  // the problem find_bwd weighs; the launch's params come below
+  shape_only.fwd = f;
+  const auto kernel = find_bwd(device_arch(q_in), kernel_dtype(q_in), shape_only);
   TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
   const Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
   const Tensor dout = aligned(dout_in), out = aligned(out_in);

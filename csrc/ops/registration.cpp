@@ -21,13 +21,34 @@ struct BuiltKernel {
   int head_dim;
 };
 
+// A compiled family, in the manifest's preference order.
+struct BuiltFamily {
+  const char* name;
+  const char* targets;  // what its units were compiled to, space-separated: "sm_90a"
+  int min_arch, end_arch;  // the compute capabilities it serves: [min_arch, end_arch)
+  const char* ops;  // the ops it holds kernels for, space-separated: "fwd bwd"
+};
+
 #include "generated/build_info.inc"
 
 const std::vector<BuiltKernel> kKernels = FLASH_CUDA_BUILD_KERNELS;
 const std::vector<int> kArchs = FLASH_CUDA_BUILD_ARCHS;
+const std::vector<BuiltFamily> kFamilies = FLASH_CUDA_BUILD_FAMILIES;
+
+pybind11::list words(const std::string& text) {
+  pybind11::list out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(' ', start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) out.append(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
 
 pybind11::dict build_info() {
-  pybind11::dict info, head_dims, features;
+  pybind11::dict info, head_dims, features, family_info;
   pybind11::list archs, kernels, families;
   pybind11::set dtypes;
   head_dims["fwd"] = pybind11::list();
@@ -38,13 +59,22 @@ pybind11::dict build_info() {
     pybind11::list dims = head_dims[k.direction];
     if (!dims.contains(k.head_dim)) dims.append(k.head_dim);
     dtypes.add(k.dtype);
-    if (!families.contains(k.family)) families.append(k.family);
+  }
+  for (const BuiltFamily& f : kFamilies) {
+    families.append(f.name);
+    pybind11::dict d;
+    d["targets"] = words(f.targets);
+    d["serves"] = pybind11::make_tuple(f.min_arch, f.end_arch);
+    d["ops"] = words(f.ops);
+    family_info[f.name] = d;
   }
   info["archs"] = archs;
   info["head_dims"] = head_dims;
   info["dtypes"] = dtypes;
   info["kernels"] = kernels;
-  info["families"] = families;
+  info["families"] = families;  // preference order
+  // name -> {"targets": ["sm_90a"], "serves": (min_arch, end_arch), "ops": ["fwd"]}
+  info["family_info"] = family_info;
   features["backward"] = pybind11::len(head_dims["bwd"]) > 0;
   features["varlen"] = true;
   features["causal"] = true;

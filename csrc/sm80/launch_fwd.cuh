@@ -25,6 +25,9 @@ template <class Kernel> cudaError_t launch_fwd(const FwdParams& params, cudaStre
                           stream, p);
 }
 
+// The portable family takes every problem the op layer accepts.
+template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams&) { return true; }
+
 template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   using Kernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;

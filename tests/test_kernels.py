@@ -1,4 +1,6 @@
-"""GPU correctness of the portable (sm80) kernels against the float32 reference.
+"""GPU correctness of every kernel family the GPU runs (the `kernel_family` fixture of
+conftest.py: the portable sm80 family, and the Hopper sm90 forward on an H100 / H200, whose
+backward falls back to sm80) against the float32 reference.
 
 Rule (FlashAttention's): for out, lse, dq, dk, dv our max error against the float32 reference is
 at most twice the error of the same reference computed in the input dtype, plus an absolute
@@ -13,7 +15,7 @@ import torch
 
 from flash_cuda.reference import attention_backward_reference, attention_forward_reference
 
-pytestmark = [pytest.mark.cuda,
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("kernel_family"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 def build_info():
@@ -349,7 +351,7 @@ def test_huge_window_is_no_window():
 _SMALL_SMEM_CHILD = """
 import math, sys, torch
 sys.path.insert(0, sys.argv[1])
-import test_kernels_sm80 as t
+import test_kernels as t
 from flash_cuda import flash_attn_func
 for (sq, sk), window, causal in [((113, 203), (-1, -1), False), ((1000, 512), (-1, -1), True),
                                  ((512, 1000), (17, 5), False), ((17, 17), (-1, 3), True)]:
@@ -403,3 +405,31 @@ def test_99kb_gpus_run_the_small_forward_tiles():
         pytest.skip("neither the hdim-192 forward nor the hdim-256 backward is compiled, so "
                     "nothing shows that the 99 KB limit took effect")
     assert child.returncode == 0 and "small-smem OK" in child.stdout, child.stderr[-3000:]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("varlen", [False, True])
+def test_forward_is_bitwise_reproducible(varlen):
+    """20 reruns of one forward give out and lse equal bit for bit: no atomics, no split of the
+    keys, one order of summation per row."""
+    from flash_cuda import flash_attn_func, flash_attn_varlen_func
+    if varlen:
+        lens = [300, 0, 1000, 17]
+        cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+        q = make((sum(lens), 8, 128), torch.bfloat16)
+        k, v = (make((sum(lens), 2, 128), torch.bfloat16) for _ in range(2))
+
+        def call():
+            return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True,
+                                          return_attn_probs=True)
+    else:
+        q = make((2, 1000, 8, 128), torch.bfloat16)
+        k, v = (make((2, 1000, 2, 128), torch.bfloat16) for _ in range(2))
+
+        def call():
+            return flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    out, lse = call()
+    for _ in range(19):
+        poison_allocator()
+        again_out, again_lse = call()
+        assert torch.equal(again_out, out) and torch.equal(again_lse, lse)

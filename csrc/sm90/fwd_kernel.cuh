@@ -1,0 +1,476 @@
+// The Hopper forward kernel (sm90a): one block per (query tile, head, batch).  The first warp of
+// warp group 0 loads Q once and K, V tile by tile through a ring of shared-memory stages with
+// TMA; each other warp group owns 64 query rows and computes S = Q K^T and O += P V with wgmma,
+// the online softmax in registers between them.
+//
+// Note [Hopper forward pipeline]
+// - Roles: warp group 0 is the producer (setmaxnreg down to kProducerRegs; one thread issues
+//   every TMA); warp groups 1.. are consumers (setmaxnreg up to kConsumerRegs).
+// - Q arrives once on barrier_q.  K and V have a pipeline each (full barriers counting TMA
+//   bytes, empty barriers counting the consumer threads), so that K of the next tile can land
+//   while V of this one is still read.
+// - Key tiles are visited from the last to the first, so the masked ones (a partial last tile,
+//   the causal diagonal) come first and the rest run without masking.
+// - Inside a warp group the GEMMs overlap the softmax: iteration n issues S_n = Q K_n^T and
+//   O += P_{n+1} V_{n+1}, waits for S_n only, runs the softmax of S_n while the P V wgmma still
+//   runs, then waits for it and rescales O.
+// - With kPingPong the two consumer warp groups also take turns: each issues its GEMMs between
+//   a sync on its own scheduler barrier and an arrive on the other's, so the GEMMs of one run
+//   while the other does its softmax.  Warp group 1 grants the first turn, and warp group 0
+//   takes one more turn at the end so that every arrive is matched.  Nothing inside a turn may
+//   wait for the other warp group (the V-tail barrier below is taken outside the turns).
+// - Rows past a sequence's keys in the first (partial) V tile hold whatever follows in memory
+//   (the next packed sequence, an unused cache slot): their P is exactly 0, but 0 * NaN is NaN,
+//   so the consumers zero those rows of the stage before its first P V wgmma.
+// - The epilogue stages O in Q's buffer (each warp group only ever read its own 64 rows of Q)
+//   and copies it out in 16-byte stores; rows past the sequence and head-dim padding stay
+//   unwritten.
+#pragma once
+
+// wgmma shapes whose N is not a power of 2 (kBlockN = 80, 96, ...), before any CuTe header.
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/launch_api.h"
+#include "common/params.h"
+#include "common/seqlen_info.cuh"
+#include "common/tile_order.cuh"
+#include "sm90/softmax.cuh"
+#include "sm90/tile_config.h"
+
+namespace flash_cuda::sm90 {
+
+using namespace cute;
+
+template <class Tag> struct CuteType;
+template <> struct CuteType<flash_cuda::half_t> { using type = cutlass::half_t; };
+template <> struct CuteType<flash_cuda::bfloat16_t> { using type = cutlass::bfloat16_t; };
+
+// The widest swizzle whose atom (8 rows x 32, 64 or 128 bytes) tiles kCols 16-bit columns.
+template <class T, int kCols> constexpr auto k_major_smem_atom() {
+  if constexpr (kCols % 64 == 0) {
+    return GMMA::Layout_K_SW128_Atom<T>{};
+  } else if constexpr (kCols % 32 == 0) {
+    return GMMA::Layout_K_SW64_Atom<T>{};
+  } else {
+    return GMMA::Layout_K_SW32_Atom<T>{};
+  }
+}
+
+// Named barriers (CUTLASS's user ids; 0 is __syncthreads').
+enum class FwdBarrier : uint32_t {
+  kVTail = 0,       // all consumers: the zeroed rows of the first V tile are written
+  kEpilogue0 = 1,   // + warp group (3 at most): its rows of O are staged in shared memory
+  kSchedule0 = 4,   // + warp group: its turn to issue GEMMs (kPingPong)
+};
+
+template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
+  using Element = typename CuteType<ElementTag>::type;
+  using Config = Config_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kStages = Config::kStages;
+  static constexpr int kConsumerWarpGroups = kBlockM / 64;
+  static constexpr int kConsumerThreads = kConsumerWarpGroups * 128;
+  static constexpr int kThreads = kConsumerThreads + 128;
+  using Registers = RegisterSplit<kConsumerWarpGroups>;
+  static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma's shapes");
+  static constexpr bool kPingPong = Config::kPingPong;
+  static_assert(!kPingPong || kConsumerWarpGroups == 2, "turns between two warp groups");
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O += P V
+  using WarpGroups = Layout<Shape<Int<kConsumerWarpGroups>, _1, _1>>;  // each takes 64 rows
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), WarpGroups{}));
+  // P from registers; V read transposed (its head dim, wgmma's N, is the contiguous one).
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      WarpGroups{}));
+
+  using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(
+      SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));  // K and V alike
+  // V as (head dim, keys, stage): the same bytes, the B operand of P V.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                          Step<_2, _1, _3>{})));
+
+  // Global tensors as TMA sees them: (rows, head dim, heads, batch); a packed (varlen) tensor
+  // is one batch of all rows.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                                          GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                      select<0, 2>(TileShapeQK{}), _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                       take<0, 2>(SmemLayoutKV{}), select<1, 2>(TileShapeQK{}),
+                                       _1{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // then O's staging
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    cutlass::arch::ClusterTransactionBarrier barrier_q;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= kMaxSmemBytes, "the tile fits an sm90 block");
+
+  struct Params {
+    TmaQ tma_q;
+    TmaKV tma_k;
+    TmaKV tma_v;
+    GmemShape shape_q;
+    GmemShape shape_k;
+    FwdParams problem;  // outputs, sequences, mask, scale
+  };
+
+  // Where this block works: its tile and the key tiles its rows can see.
+  struct Work {
+    int m_block, head, head_kv, batch;
+    SeqlenInfo sq, sk;
+    int n_begin, n_end;
+
+    __device__ __forceinline__ Work(const FwdParams& p)
+        : Work(p, block_tile(p.block_shift)) {}
+    __device__ __forceinline__ Work(const FwdParams& p, BlockTile tile)
+        // Rank 0 is the last query tile: with a causal mask it sees the most keys.
+        : m_block(int(gridDim.x >> p.block_shift) - 1 - tile.rank),
+          head(tile.head),
+          head_kv(tile.head / (p.heads_q / p.heads_kv)),
+          batch(tile.batch),
+          sq(p.seq_q, tile.batch),
+          sk(p.seq_k, tile.batch) {
+      mask(p).key_block_range(m_block * kBlockM, kBlockM, kBlockN, n_begin, n_end);
+    }
+    __device__ __forceinline__ MaskInfo mask(const FwdParams& p) const {
+      return MaskInfo(sq.len, sk.len, p.window_left, p.window_right);
+    }
+  };
+
+  static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
+                              Pipeline& pipeline_v, const Work& w);
+  static __device__ void consume(const Params& params, SharedStorage& storage,
+                                 Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w);
+  template <class TensorO, class TensorLse>
+  static __device__ void epilogue(const Params& params, SharedStorage& storage, const Work& w,
+                                  TensorO& o, TensorLse& lse);
+
+  static __device__ void run(const Params& params, SharedStorage& storage) {
+    const Work w(params.problem);
+    if (w.m_block * kBlockM >= w.sq.extent) return;  // the whole block: before any barrier
+    const int warp_group = threadIdx.x / 128;
+
+    typename Pipeline::Params pipeline_params;
+    pipeline_params.transaction_bytes = kKVBytes;
+    pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
+                                           : Pipeline::ThreadCategory::Consumer;
+    pipeline_params.is_leader = threadIdx.x == 0;  // the thread that issues the TMA loads
+    pipeline_params.num_consumers = kConsumerThreads;
+    // Warp 0 initialises the barriers (fenced by the constructor; seen after the block sync).
+    Pipeline pipeline_k(storage.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    if (threadIdx.x == 0) {
+      storage.barrier_q.init(1);
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Registers::kProducerRegs>();
+      if (threadIdx.x == 0) load(params, storage, pipeline_k, pipeline_v, w);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
+      consume(params, storage, pipeline_k, pipeline_v, w);
+    }
+  }
+};
+
+// One wgmma GEMM over the K mode of the operands, issued and committed, not waited for.
+// kZeroInit: C = A B rather than C += A B.
+template <bool kZeroInit, class TiledMma, class TensorA, class TensorB, class TensorC>
+__device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TensorA& a, const TensorB& b,
+                                           TensorC& c) {
+  // A from shared memory is a tensor of wgmma descriptors, from registers one of elements.
+  constexpr bool kRegistersA = !is_same_v<typename TensorA::iterator, GMMA::DescriptorIterator>;
+  // Fences keep the compiler from moving register reads / writes of the operands across the
+  // asynchronous wgmma.
+  if constexpr (kRegistersA) warpgroup_fence_operand(a);
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegistersA) warpgroup_fence_operand(a);
+}
+
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& params,
+                                                              SharedStorage& storage,
+                                                              Pipeline& pipeline_k,
+                                                              Pipeline& pipeline_v,
+                                                              const Work& w) {
+  if (w.n_begin >= w.n_end) return;  // no key to see: the consumers write zeros
+  const FwdParams& p = params.problem;
+  const bool varlen_q = p.seq_q.cu_seqlens != nullptr;
+  const bool varlen_k = p.seq_k.cu_seqlens != nullptr;
+  Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
+  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);
+  Tensor mV = params.tma_v.get_tma_tensor(params.shape_k);
+  Tensor gQ = local_tile(domain_offset(make_coord(w.sq.offset, _0{}),
+                                       mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
+                         select<0, 2>(TileShapeQK{}), make_coord(w.m_block, _0{}));  // (M, D)
+  Tensor gK = local_tile(domain_offset(make_coord(w.sk.offset, _0{}),
+                                       mK(_, _, w.head_kv, varlen_k ? 0 : w.batch)),
+                         select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
+  Tensor gV = local_tile(domain_offset(make_coord(w.sk.offset, _0{}),
+                                       mV(_, _, w.head_kv, varlen_k ? 0 : w.batch)),
+                         select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});   // (M, D)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});  // (N, D, stage)
+  auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(gQ));
+  auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                    group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                    group_modes<0, 2>(gV));
+
+  // Rows and columns outside the tensor arrive as zeros (TMA's bounds); rows of the next
+  // packed sequence arrive as they are and are masked (Note [Hopper forward pipeline]).
+  storage.barrier_q.arrive_and_expect_tx(kQBytes);
+  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.barrier_q), 0), tQgQ, tQsQ);
+  PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+  for (int n = w.n_end - 1; n >= w.n_begin; --n) {
+    // Waits until the consumers released the stage, then arms its full barrier with the bytes.
+    pipeline_k.producer_acquire(write);
+    copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n),
+         tKsK(_, write.index()));
+    pipeline_v.producer_acquire(write);
+    copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n),
+         tVsV(_, write.index()));
+    ++write;
+  }
+}
+
+template <class ElementTag, int kHeadDim, class Config>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& params,
+                                                                 SharedStorage& storage,
+                                                                 Pipeline& pipeline_k,
+                                                                 Pipeline& pipeline_v,
+                                                                 const Work& w) {
+  const FwdParams& p = params.problem;
+  const int tid = threadIdx.x - 128;  // among the consumers
+  const int m0 = w.m_block * kBlockM;
+  const int wg_m0 = m0 + (tid / 128) * 64;  // this warp group's first row
+  const MaskInfo mask = w.mask(p);
+  TiledMmaQK mma_qk;
+  TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});   // (M, D)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
+  Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutVt{});  // (D, N, stage)
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+  Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileShapeQK{}));  // fp32 S
+  Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(TileShapePV{}));  // fp32 O
+  Tensor tOrP = make_tensor<Element>(accumulator_as_a(tSrS.layout()));      // P, the A of P V
+  Tensor S = make_tensor(tSrS.data(), rowcol(tSrS.layout()));  // (rows, columns) views
+  Tensor O = make_tensor(tOrO.data(), rowcol(tOrO.layout()));
+  // The (row, key) of each S element within the tile.
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(select<0, 1>(TileShapeQK{})));
+  Tensor cS = make_tensor(tScS.data(), rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(S))::value;
+  OnlineSoftmax<kRows> softmax(p.softmax_scale * float(M_LOG2E));
+  clear(tOrO);
+
+  // Masked scores are -inf (NaN and garbage of keys past the sequence included).
+  auto apply_mask = [&](int n_block) {
+    const int n0 = n_block * kBlockN;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      int lo, hi;
+      mask.visible_keys(m0 + get<0>(cS(r, 0)), lo, hi);
+#pragma unroll
+      for (int c = 0; c < size<1>(S); ++c) {
+        const int j = n0 + get<1>(cS(r, c));
+        if (j < lo || j >= hi) S(r, c) = -INFINITY;
+      }
+    }
+  };
+
+  // The scheduler barriers of kPingPong: 128 threads sync, the other warp group's 128 arrive.
+  const uint32_t wg = tid / 128;
+  auto turn_begin = [&] {
+    if constexpr (kPingPong) {
+      cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
+    }
+  };
+  auto turn_end = [&] {
+    if constexpr (kPingPong) {
+      cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0) + (1 - wg));
+    }
+  };
+
+  if (w.n_begin < w.n_end) {
+    if (wg == 1) turn_end();  // warp group 0 goes first
+    storage.barrier_q.wait(0);
+    PipelineState read_k, read_v;
+    int n = w.n_end - 1;
+    pipeline_k.consumer_wait(read_k);
+    turn_begin();
+    wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+    turn_end();
+    warpgroup_wait<0>();
+    pipeline_k.consumer_release(read_k);
+    ++read_k;
+    apply_mask(n);
+    softmax.template step<true>(S);
+    convert_into(tOrP, tSrS);
+
+    // Waits for the next V tile; in the first, rows past the keys are zeroed before any wgmma
+    // reads them.  Outside the turns: it waits for every consumer.
+    bool first_v = true;
+    auto wait_v = [&] {
+      pipeline_v.consumer_wait(read_v);
+      const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
+      if (first_v && tail > 0) {
+        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
+        constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
+        for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
+          Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
+                             read_v.index());
+          *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
+        }
+        // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
+        // consumer warp group.
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
+      }
+      first_v = false;
+    };
+
+    for (; n > w.n_begin; --n) {
+      pipeline_k.consumer_wait(read_k);
+      if constexpr (kPingPong) wait_v();  // outside the turn
+      turn_begin();
+      wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+      if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
+      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      turn_end();
+      warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+      if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
+      softmax.template step<false>(S);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(read_v);
+      ++read_v;
+      softmax.rescale(O);
+      convert_into(tOrP, tSrS);
+    }
+    wait_v();
+    turn_begin();
+    wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+    turn_end();
+    if (wg == 0) turn_begin();  // matches warp group 1's first arrive
+    warpgroup_wait<0>();
+    pipeline_v.consumer_release(read_v);
+  }
+
+  float lse[kRows];
+  softmax.finish(O, p.softmax_scale, lse);
+  epilogue(params, storage, w, tOrO, lse);
+}
+
+template <class ElementTag, int kHeadDim, class Config>
+template <class TensorO, class TensorLse>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& params,
+                                                                  SharedStorage& storage,
+                                                                  const Work& w, TensorO& tOrO,
+                                                                  TensorLse& lse) {
+  const FwdParams& p = params.problem;
+  const int tid = threadIdx.x - 128;
+  const int wg = tid / 128;
+  const int m0 = w.m_block * kBlockM;
+  TiledMmaPV mma_pv;
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+
+  // lse: the first thread of each row's quad writes it.
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(select<0, 1>(TileShapePV{})));
+  Tensor cO = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
+  float* lse_out = p.lse.ptr + w.batch * p.lse.batch_stride + w.head * p.lse.head_stride +
+                   w.sq.offset + m0;
+  if (get<1>(cO(0, 0)) == 0) {
+#pragma unroll
+    for (int r = 0; r < size<0>(cO); ++r) {
+      const int row = get<0>(cO(r, 0));
+      if (m0 + row < w.sq.extent) lse_out[row] = lse[r];
+    }
+  }
+
+  // O: registers -> shared memory (stmatrix, Q's buffer, this warp group's rows) -> global.
+  Tensor tOrOut = make_tensor_like<Element>(tOrO);
+  convert_into(tOrOut, tOrO);
+  Tensor sO = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});  // (M, D)
+  auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+  auto thr_copy_o = copy_o.get_thread_slice(tid);
+  Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);
+  Tensor tOsCopy = thr_copy_o.partition_D(sO);
+  copy(copy_o, tOrCopy, tOsCopy);
+  // The warp group's 64 rows are staged; only it reads them back.
+  cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
+
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
+               int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
+#pragma unroll 4
+  for (int i = tid % 128; i < 64 * kChunksPerRow; i += 128) {
+    const int row = wg * 64 + i / kChunksPerRow;
+    const int col = (i % kChunksPerRow) * 8;
+    if (m0 + row < w.sq.extent && col < p.head_dim) {
+      *reinterpret_cast<uint4*>(o + int64_t(row) * p.o.row_stride + col) =
+          *reinterpret_cast<const uint4*>(&sO(row, col));
+    }
+  }
+}
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    fwd_kernel(const __grid_constant__ typename Kernel::Params params) {
+  // sm_90a only (wgmma, setmaxnreg); the host pass and other device passes see an empty body.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem));
+#endif
+}
+
+}  // namespace flash_cuda::sm90

@@ -1,0 +1,70 @@
+// Host-side launch of the Hopper forward kernel for one (dtype, head dim): the TMA descriptors of
+// Q, K and V, the grid (in the block order of common/tile_order.cuh) and the problems it takes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/launch.cuh"
+#include "common/launch_api.h"
+#include "common/tile_order.cuh"
+#include "sm90/fwd_kernel.cuh"
+
+namespace flash_cuda::sm90 {
+
+template <class ElementTag, int kHeadDim>
+using FwdKernelFor = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;
+
+// The op layer hands over tensors whose rows are 16-byte aligned (TMA's rule too); what is left
+// is the block's shared memory, which FLASH_CUDA_SMEM_LIMIT_KB can lower below the tile's.
+template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams&) {
+  int limit = 0;
+  if (max_smem_per_block(&limit) != cudaSuccess) {
+    cudaGetLastError();  // the portable family's launch reports a broken device
+    return false;
+  }
+  return FwdKernelFor<ElementTag, kHeadDim>::kSmemBytes <= limit;
+}
+
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
+  using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
+  using Element = typename Kernel::Element;
+  const unsigned m_tiles = tiles(p.seq_q.seqlen, Kernel::kBlockM);
+  if (m_tiles == 0 || p.batch == 0 || p.heads_q == 0) return cudaSuccess;  // nothing to write
+
+  // A packed tensor is one batch of total_rows rows.  An empty K / V gets a one-row descriptor
+  // that no load uses (no key tile is visible), since TMA descriptors cannot be empty.
+  auto gmem = [&](const TensorRef& t, const SeqArgs& seq, int heads) {
+    const bool varlen = seq.cu_seqlens != nullptr;
+    const int rows = std::max(varlen ? seq.total_rows : seq.seqlen, 1);
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(t.ptr)),
+                       make_shape(rows, p.head_dim, heads, varlen ? 1 : p.batch),
+                       make_stride(t.row_stride, _1{}, t.head_stride, t.batch_stride));
+  };
+  auto mQ = gmem(p.q, p.seq_q, p.heads_q);
+  auto mK = gmem(p.k, p.seq_k, p.heads_kv);
+  auto mV = gmem(p.v, p.seq_k, p.heads_kv);
+  typename Kernel::Params params{
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kernel::SmemLayoutQ{},
+                    select<0, 2>(typename Kernel::TileShapeQK{}), _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kernel::SmemLayoutKV{}),
+                    select<1, 2>(typename Kernel::TileShapeQK{}), _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Kernel::SmemLayoutKV{}),
+                    select<1, 2>(typename Kernel::TileShapeQK{}), _1{}),
+      mQ.shape(),
+      mK.shape(),
+      p};
+
+  // The blocks of a (batch, head) read its K and V; at most 2 heads per group (Note [Block
+  // order]).
+  const BlockOrder order(m_tiles, p.heads_q, p.batch, p.masked(),
+                         2 * int64_t(p.seq_k.seqlen) * p.head_dim * int64_t(sizeof(Element)),
+                         /*max_shift=*/1);
+  params.problem.block_shift = order.shift;
+  return launch_with_smem(&fwd_kernel<Kernel>, order.grid, Kernel::kThreads, Kernel::kSmemBytes,
+                          stream, params);
+}
+
+}  // namespace flash_cuda::sm90

@@ -1,0 +1,51 @@
+// Tile shapes of the Hopper (sm90) forward kernels, one entry per compiled head dim, and the
+// register split between the producer and the consumer warp groups that follows from them.
+#pragma once
+
+namespace flash_cuda::sm90 {
+
+// The most dynamic shared memory an sm90 block may opt in to (H100, H200, H20, GH200).
+constexpr int kMaxSmemBytes = 227 * 1024;
+
+// kBlockM query rows per block, 64 per consumer warp group (wgmma's M); kBlockN keys per stage;
+// kStages stages of K and of V in the TMA ring.  The binding resources: shared memory (Q once,
+// K and V per stage, all 16-bit: (kBlockM + 2 kStages kBlockN) kHeadDim 2 bytes <= 227 KB) and
+// the consumers' registers, which hold O (kHeadDim / 2 fp32 per thread), S (kBlockN / 2) and
+// P (kBlockN / 4) of their 64 rows.
+// kPingPong: the two consumer warp groups take turns issuing their GEMMs (Note [Hopper
+// forward pipeline]), so that one's softmax runs under the other's wgmma.  Off everywhere: with
+// it (and 2 x 64-row warp groups at head dim 64) the grid's forward lost 1-15% (NOTES entry 44).
+// Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill 160 / 288 bytes:
+// 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
+template <int kHeadDim> struct FwdTileConfig;
+template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 registers; 88 KB
+  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 132 KB
+  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 192 KB
+  static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+template <> struct FwdTileConfig<256> {  // shared memory: 224 KB; 44 bytes of spill
+  static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+
+// The register split: setmaxnreg gives the producer warp group kProducerRegs per thread and
+// each consumer warp group the rest of the 64K registers of the SM (in multiples of 8).
+template <int kConsumerWarpGroups> struct RegisterSplit {
+  static constexpr int kProducerRegs = kConsumerWarpGroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs =
+      (65536 / 128 - kProducerRegs) / kConsumerWarpGroups / 8 * 8;
+  static_assert(kConsumerRegs <= 256 && kConsumerRegs >= 128, "setmaxnreg's range");
+};
+
+}  // namespace flash_cuda::sm90
