@@ -20,7 +20,10 @@ from flash_cuda import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
 
 def calls():
-    dt = torch.bfloat16
+    import flash_cuda
+    dtypes = flash_cuda.build_info()["dtypes"]
+    dt = torch.bfloat16 if "bf16" in dtypes else torch.float16
+    dt_other = torch.float16 if "fp16" in dtypes else dt
     q = torch.randn(1, 200, 4, 128, device="cuda", dtype=dt, requires_grad=True)
     k, v = (torch.randn(1, 300, 2, 128, device="cuda", dtype=dt, requires_grad=True)
             for _ in range(2))
@@ -28,7 +31,7 @@ def calls():
     yield "causal", lambda: flash_attn_func(q, k, v, causal=True)
     yield "window", lambda: flash_attn_func(q, k, v, window_size=(33, 7))
     for d in (64, 72, 256):
-        qd = torch.randn(1, 130, 2, d, device="cuda", dtype=torch.float16)
+        qd = torch.randn(1, 130, 2, d, device="cuda", dtype=dt_other)
         yield f"hdim {d}", lambda qd=qd: flash_attn_func(qd, qd, qd, causal=True)
     lens = [100, 0, 257, 1]
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)

@@ -247,6 +247,28 @@ def test_no_visible_key_gives_zero_and_no_nan():
     assert (q.grad[:, :48] == 0).all()
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_no_keys_at_all(varlen, capfd):
+    """Empty K and V (a null data pointer): out 0 and lse -inf, and nothing on stderr (no TMA
+    descriptor is built on a null address)."""
+    from flash_cuda import flash_attn_func, flash_attn_varlen_func
+    d = FAST_HEAD_DIMS[0]
+    poison_allocator()
+    if varlen:
+        q = make((37, 4, d), DTYPES[0])
+        k = v = make((0, 2, d), DTYPES[0])
+        cu_q = torch.tensor([0, 30, 37], dtype=torch.int32, device="cuda")
+        cu_k = torch.zeros(3, dtype=torch.int32, device="cuda")
+        out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 0, return_attn_probs=True)
+    else:
+        q = make((2, 37, 4, d), DTYPES[0])
+        k = v = make((2, 0, 2, d), DTYPES[0])
+        out, lse = flash_attn_func(q, k, v, return_attn_probs=True)
+    torch.cuda.synchronize()
+    assert (out == 0).all() and (lse == -math.inf).all()
+    assert capfd.readouterr().err == ""
+
+
 def test_large_tensor_64bit_offsets():
     """More than 2^31 elements in k/v: offsets must not wrap."""
     from flash_cuda import flash_attn_func

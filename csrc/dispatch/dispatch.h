@@ -17,7 +17,7 @@ enum class Op : int { kFwd = 0, kBwd = 1 };
 // One op's entry points in a family: what the launcher runs, and what it needs the caller to
 // allocate.
 struct FwdLauncher {
-  bool (*supports)(const FwdParams&) = nullptr;  // shapes only: pointers may not be set yet
+  bool (*supports)(const FwdParams&) = nullptr;  // the whole problem, pointers included
   cudaError_t (*run)(const FwdParams&, cudaStream_t) = nullptr;
 };
 struct BwdLauncher {

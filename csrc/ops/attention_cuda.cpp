@@ -290,8 +290,6 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q_in, const Tensor& k_in, cons
   FwdParams p = problem(q_in, k_in, v_in, cu_q, cu_k, used_q, used_k, max_seqlen_q, max_seqlen_k,
                         scale, causal, window_left, window_right);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const auto kernel = find_fwd(device_arch(q_in), kernel_dtype(q_in), p);
-  TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
   const Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
 
   // Packed rows outside every sequence are never visited: zero / -inf them up front.
@@ -302,6 +300,9 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q_in, const Tensor& k_in, cons
   p.v = ref(v, varlen);
   p.o = ref(out, varlen);
   p.lse = stats_ref(lse, varlen);
+  // Dispatch sees the whole problem, pointers and strides included (a family may decline it).
+  const auto kernel = find_fwd(device_arch(q_in), kernel_dtype(q_in), p);
+  TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
   check_launch(kernel.launcher.run(p, c10::cuda::getCurrentCUDAStream()), "forward",
                kernel.head_dim);
   return {out, lse};

@@ -1,5 +1,5 @@
-// The Hopper forward kernel (sm90a): one block per (query tile, head, batch).  The first warp of
-// warp group 0 loads Q once and K, V tile by tile through a ring of shared-memory stages with
+// The Hopper forward kernel (sm90a): one block per (query tile, head, batch).  The first thread
+// of warp group 0 loads Q once and K, V tile by tile through a ring of shared-memory stages with
 // TMA; each other warp group owns 64 query rows and computes S = Q K^T and O += P V with wgmma,
 // the online softmax in registers between them.
 //
@@ -9,8 +9,9 @@
 // - Q arrives once on barrier_q.  K and V have a pipeline each (full barriers counting TMA
 //   bytes, empty barriers counting the consumer threads), so that K of the next tile can land
 //   while V of this one is still read.
-// - Key tiles are visited from the last to the first, so the masked ones (a partial last tile,
-//   the causal diagonal) come first and the rest run without masking.
+// - Key tiles are visited from the last to the first, so the masked ones of a partial last
+//   tile and the causal diagonal come first; a tile is masked only where tile_all_visible says
+//   it must be (so, with a left window bound, also the last ones visited).
 // - Inside a warp group the GEMMs overlap the softmax: iteration n issues S_n = Q K_n^T and
 //   O += P_{n+1} V_{n+1}, waits for S_n only, runs the softmax of S_n while the P V wgmma still
 //   runs, then waits for it and rescales O.
@@ -67,7 +68,8 @@ template <class T, int kCols> constexpr auto k_major_smem_atom() {
   }
 }
 
-// Named barriers (CUTLASS's user ids; 0 is __syncthreads').
+// Named barriers, as CUTLASS's user ids (NamedBarrier adds its reserved count, 8, to them, so
+// they never meet __syncthreads' barrier 0 or CUTLASS's own).
 enum class FwdBarrier : uint32_t {
   kVTail = 0,       // all consumers: the zeroed rows of the first V tile are written
   kEpilogue0 = 1,   // + warp group (3 at most): its rows of O are staged in shared memory
@@ -466,10 +468,12 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
 template <class Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads, 1)
     fwd_kernel(const __grid_constant__ typename Kernel::Params params) {
-  // sm_90a only (wgmma, setmaxnreg); the host pass and other device passes see an empty body.
+  // sm_90a only (wgmma, setmaxnreg); the host pass sees an empty body.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
   Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // compiled for another arch by mistake: fail loudly, never leave out unwritten
 #endif
 }
 

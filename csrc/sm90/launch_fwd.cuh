@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common/launch.cuh"
 #include "common/launch_api.h"
@@ -16,15 +17,32 @@ namespace flash_cuda::sm90 {
 template <class ElementTag, int kHeadDim>
 using FwdKernelFor = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;
 
-// The op layer hands over tensors whose rows are 16-byte aligned (TMA's rule too); what is left
+// Whether TMA can address a tensor: a 16-byte aligned base (null for an empty tensor) and
+// strides that are multiples of 16 bytes below 2^40 bytes.  The op layer copies tensors whose
+// rows are not 16-byte aligned, so this holds for what it hands over; what is left to decline
 // is the block's shared memory, which FLASH_CUDA_SMEM_LIMIT_KB can lower below the tile's.
-template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams&) {
+template <class Element> bool tma_addressable(const TensorRef& t) {
+  auto ok = [](int64_t stride) {
+    const int64_t bytes = stride * int64_t(sizeof(Element));
+    return bytes % 16 == 0 && bytes >= 0 && bytes < (int64_t(1) << 40);
+  };
+  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && ok(t.row_stride) && ok(t.head_stride) &&
+         ok(t.batch_stride);
+}
+
+template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams& p) {
+  using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
+  using Element = typename Kernel::Element;
+  if (!tma_addressable<Element>(p.q) || !tma_addressable<Element>(p.k) ||
+      !tma_addressable<Element>(p.v)) {
+    return false;
+  }
   int limit = 0;
   if (max_smem_per_block(&limit) != cudaSuccess) {
     cudaGetLastError();  // the portable family's launch reports a broken device
     return false;
   }
-  return FwdKernelFor<ElementTag, kHeadDim>::kSmemBytes <= limit;
+  return Kernel::kSmemBytes <= limit;
 }
 
 template <class ElementTag, int kHeadDim>
@@ -32,14 +50,17 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
   using Element = typename Kernel::Element;
   const unsigned m_tiles = tiles(p.seq_q.seqlen, Kernel::kBlockM);
-  if (m_tiles == 0 || p.batch == 0 || p.heads_q == 0) return cudaSuccess;  // nothing to write
+  // No query rows (then out and lse are empty too): nothing to write.
+  if (m_tiles == 0 || p.batch == 0 || p.heads_q == 0 || p.q.ptr == nullptr) return cudaSuccess;
 
-  // A packed tensor is one batch of total_rows rows.  An empty K / V gets a one-row descriptor
-  // that no load uses (no key tile is visible), since TMA descriptors cannot be empty.
+  // A packed tensor is one batch of total_rows rows.  An empty K / V (null, no rows) gets a
+  // one-row descriptor on Q's memory, which no load uses (no key tile is visible), since a TMA
+  // descriptor can be neither empty nor null.
   auto gmem = [&](const TensorRef& t, const SeqArgs& seq, int heads) {
     const bool varlen = seq.cu_seqlens != nullptr;
     const int rows = std::max(varlen ? seq.total_rows : seq.seqlen, 1);
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(t.ptr)),
+    const void* base = t.ptr != nullptr ? t.ptr : p.q.ptr;
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base)),
                        make_shape(rows, p.head_dim, heads, varlen ? 1 : p.batch),
                        make_stride(t.row_stride, _1{}, t.head_stride, t.batch_stride));
   };
