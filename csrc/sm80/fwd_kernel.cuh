@@ -8,6 +8,7 @@
 
 #include "common/params.h"
 #include "common/ptx.cuh"
+#include "common/row_reduce.cuh"
 #include "common/seqlen_info.cuh"
 #include "common/tile_order.cuh"
 #include "sm80/smem_tile.cuh"
@@ -185,8 +186,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         for (int nt = 0; nt < kNTiles; ++nt) {
           mx[mt][r] = fmaxf(mx[mt][r], fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
         }
-        mx[mt][r] = fmaxf(mx[mt][r], __shfl_xor_sync(0xffffffff, mx[mt][r], 1));
-        mx[mt][r] = fmaxf(mx[mt][r], __shfl_xor_sync(0xffffffff, mx[mt][r], 2));
+        mx[mt][r] = quad_max(mx[mt][r]);
       }
   }
 
@@ -213,9 +213,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
           for (int nt = 0; nt < kNTiles; ++nt) {
             mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
           }
-          // The four threads of a quad hold the same row.
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+          mx = quad_max(mx);  // the four threads of a quad hold the same row
         } else {
           mx = row_max_all[mt][r];
           // Note [Stale row maximum]: a maximum that grew by at most kMaxGrowthLog2 is not
@@ -465,9 +463,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        sum[mt][r] = st.sum[mt][r];
-        sum[mt][r] += __shfl_xor_sync(0xffffffff, sum[mt][r], 1);
-        sum[mt][r] += __shfl_xor_sync(0xffffffff, sum[mt][r], 2);
+        sum[mt][r] = quad_sum(st.sum[mt][r]);
       }
     share_rows(smem.sum[warp_n], sum, warp_row0, lane);
     pair_barrier(warp / kWarpsN);  // the partner's sums are written
@@ -483,10 +479,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float sum = st.sum[mt][r];
-      if constexpr (kWarpsN == 1) {
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-      }
+      if constexpr (kWarpsN == 1) sum = quad_sum(sum);
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int row = warp_row0 + mt * 16 + lane / 4 + r * 8;
       if (lane % 4 == 0 && warp_n == 0 && m0 + row < sq.extent) {

@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+#include "common/row_reduce.cuh"
+
 namespace flash_cuda::sm90 {
 
 // A wgmma m64nN fp32 accumulator fragment has the layout ((2, 2, N / 8), MMA_M, MMA_N): two
@@ -42,16 +44,6 @@ __device__ __forceinline__ void convert_into(DstTensor& dst, const SrcTensor& sr
   using Converter = cutlass::NumericArrayConverter<To, From, kN>;
   *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) =
       Converter{}(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
-}
-
-// The maximum (or sum) of the four threads that hold one accumulator row (a quad of lanes).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffff, x, 1);
-  return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
 // Row statistics of kRows rows.  Scores are kept unscaled; exp2((s - max) * scale_log2) is one
