@@ -191,9 +191,11 @@ def extension_and_cmdclass():
             super().run()
 
         def build_extensions(self):
+            per_unit.check_backend(self.use_ninja)
             per_unit.install()
             start = time.time()
             super().build_extensions()
+            per_unit.check_rewritten()
             report_compile_times(self.build_temp)
             log(f"extension built in {time.time() - start:.1f} s")
 

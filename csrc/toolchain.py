@@ -183,48 +183,75 @@ class PerUnitFlags:
     sm_90a only.  So the extension's flags carry the portable family's gencode flags, and once
     torch has written build.ninja, each other family's build statements get a
     `cuda_post_cflags` binding of their own (ninja lets a build statement shadow a file-level
-    variable) with that family's gencode flags in place of the portable ones.
+    variable) with that family's gencode flags in place of the portable ones.  Only torch's
+    ninja backend writes that file: `check_rewritten` fails the build when units that need their
+    own flags were compiled without the rewrite (torch falls back to its distutils backend,
+    silently, when no ninja is on PATH).
     """
+
+    PREFIX = "cuda_post_cflags = "
 
     def __init__(self, default_gencode, overrides):
         self.default = " ".join(default_gencode)
-        self.overrides = {os.path.abspath(src): " ".join(flags) for src, flags in overrides.items()}
+        self.overrides = {os.path.realpath(src): " ".join(flags)
+                          for src, flags in overrides.items()}
+        self.rewritten = False
 
     def rewrite(self, path):
         with open(path) as f:
             lines = f.read().splitlines()
-        prefix = "cuda_post_cflags = "
-        value = next((l[len(prefix):] for l in lines if l.startswith(prefix)), None)
+        value = next((l[len(self.PREFIX):] for l in lines if l.startswith(self.PREFIX)), None)
         if value is None or self.default not in value:
             raise RuntimeError(f"flash_cuda: {path} has no cuda_post_cflags with the portable "
                                f"gencode flags; this torch writes its ninja file differently")
-        out, found = [], 0
+        out, found, overridden = [], 0, False
         for line in lines:
+            # A binding torch itself gave an overridden build statement would shadow ours.
+            if overridden and line.startswith("  " + self.PREFIX):
+                continue
+            overridden = False
             out.append(line)
             head, sep, src = line.partition(": cuda_compile ")
             if line.startswith("build ") and sep:
-                flags = self.overrides.get(os.path.abspath(src.replace("$ ", " ")))
+                flags = self.overrides.get(os.path.realpath(src.replace("$ ", " ")))
                 if flags is not None:
-                    out.append("  " + prefix + value.replace(self.default, flags))
+                    out.append("  " + self.PREFIX + value.replace(self.default, flags))
                     found += 1
+                    overridden = True
         if found != len(self.overrides):
             raise RuntimeError(f"flash_cuda: found {found} of the {len(self.overrides)} units "
                                f"with their own flags in {path}")
         with open(path, "w") as f:
             f.write("\n".join(out) + "\n")
+        self.rewritten = True
 
     def install(self):
         """Wraps torch's ninja writer (a private function: checked to exist, so that a torch
         without it fails the build loudly rather than compiling units for the wrong archs)."""
+        if not self.overrides:
+            return
         from torch.utils import cpp_extension
         write = getattr(cpp_extension, "_write_ninja_file", None)
         if write is None:
             raise RuntimeError("flash_cuda: torch.utils.cpp_extension._write_ninja_file is gone; "
-                               "setup.py's PerUnitFlags must follow torch's ninja writer")
+                               "csrc/toolchain.py's PerUnitFlags must follow torch's ninja writer")
 
         def write_and_rewrite(path, *args, **kwargs):
             write(path, *args, **kwargs)
-            if self.overrides:
-                self.rewrite(path)
+            self.rewrite(path)
 
         cpp_extension._write_ninja_file = write_and_rewrite
+
+    def check_backend(self, use_ninja):
+        """Before compiling: units with their own flags need torch's ninja backend."""
+        if self.overrides and not use_ninja:
+            raise RuntimeError(
+                "flash_cuda: the sm90 units need their own -gencode flags, which only torch's "
+                "ninja backend can give them, and this build runs without ninja (torch uses it "
+                "only when `ninja --version` runs: pip install ninja, and put it on PATH)")
+
+    def check_rewritten(self):
+        """After compiling: the ninja file was rewritten (else units got the wrong flags)."""
+        if self.overrides and not self.rewritten:
+            raise RuntimeError("flash_cuda: the units with their own -gencode flags were "
+                               "compiled without them (torch's ninja file was never written)")

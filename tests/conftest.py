@@ -45,15 +45,17 @@ def kernel_families():
         return []
     major, minor = torch.cuda.get_device_capability()
     arch = 10 * major + minor
-    runnable = []
-    for name in info["families"]:
-        family = info["family_info"][name]
-        lo, hi = family["serves"]
-        # Arch-specific code (sm_90a) runs on that arch only; other code by its PTX too.
-        specific = [t for t in family["targets"] if t.endswith("a")]
-        if lo <= arch < hi and (not specific or f"sm_{arch}a" in specific):
-            runnable.append(name)
-    return runnable
+
+    def runs(target):  # dispatch's rule (runs_on in csrc/dispatch/dispatch.cpp)
+        kind, _, number = target.partition("_")
+        if number.endswith("a"):  # arch-specific machine code: that arch only
+            return int(number[:-1]) == arch
+        n = int(number)
+        return n <= arch and (kind == "compute" or n // 10 == major)
+
+    return [name for name in info["families"]
+            if info["family_info"][name]["serves"][0] <= arch < info["family_info"][name]["serves"][1]
+            and any(runs(t) for t in info["family_info"][name]["targets"])]
 
 
 def pytest_generate_tests(metafunc):
@@ -63,8 +65,11 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def kernel_family(request, monkeypatch):
+    """FLASH_CUDA_FAMILY names the family and FLASH_CUDA_FAMILY_STRICT=1 makes a decline by it an
+    error, so that a test of `[sm90]` cannot pass on the portable family's kernels."""
     if request.param != "none":
         monkeypatch.setenv("FLASH_CUDA_FAMILY", request.param)
+        monkeypatch.setenv("FLASH_CUDA_FAMILY_STRICT", "1")
     return request.param
 
 

@@ -49,6 +49,45 @@ def test_each_family_unit_gets_its_own_gencode(toolchain, tmp_path):
         toolchain.PerUnitFlags(portable, {"/elsewhere.cu": ["-x"]}).rewrite(str(ninja))
 
 
+def test_per_unit_flags_through_torchs_own_ninja_writer(toolchain, tmp_path, monkeypatch):
+    """The rewrite on the file torch 2.11's writer produces, for sources whose path holds a
+    space (ninja escapes it): a change in torch's format fails here, in CI, not on a user's
+    machine."""
+    from torch.utils import cpp_extension
+    monkeypatch.setattr(cpp_extension, "_write_ninja_file", cpp_extension._write_ninja_file)
+    monkeypatch.setattr(cpp_extension, "get_cxx_compiler", lambda: "c++", raising=False)
+    portable = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=compute_90"]
+    src = tmp_path / "with space"
+    src.mkdir()
+    units = [str(src / "fwd_sm80_bf16_hdim64.cu"), str(src / "fwd_sm90_bf16_hdim64.cu")]
+    flags = toolchain.PerUnitFlags(portable, {units[1]: ["-gencode=arch=compute_90a,code=sm_90a"]})
+    flags.install()
+    ninja = tmp_path / "build.ninja"
+    cpp_extension._write_ninja_file(
+        path=str(ninja), cflags=["-O3"], post_cflags=[], cuda_cflags=[],
+        cuda_post_cflags=["-O3"] + portable, cuda_dlink_post_cflags=None, sycl_cflags=None,
+        sycl_post_cflags=None, sycl_dlink_post_cflags=None, sources=units,
+        objects=[str(tmp_path / "a.o"), str(tmp_path / "b.o")], ldflags=None,
+        library_target=None, with_cuda=True, with_sycl=False)
+    flags.check_rewritten()
+    text = ninja.read_text()
+    sm90 = text[text.index("fwd_sm90_bf16_hdim64.cu"):]
+    assert "  cuda_post_cflags = " in sm90 and "code=sm_90a" in sm90
+    assert "code=sm_80" not in sm90.split("\n")[1]
+    sm80 = text[text.index("fwd_sm80_bf16_hdim64.cu"):text.index("fwd_sm90_bf16_hdim64.cu")]
+    assert "sm_90a" not in sm80
+
+
+def test_per_unit_flags_need_ninja(toolchain):
+    """Without ninja torch compiles every unit with one flag list: the build must stop."""
+    flags = toolchain.PerUnitFlags(["-g80"], {"/x/fwd_sm90.cu": ["-g90a"]})
+    with pytest.raises(RuntimeError, match="ninja"):
+        flags.check_backend(use_ninja=False)
+    with pytest.raises(RuntimeError, match="compiled without them"):
+        flags.check_rewritten()
+    toolchain.PerUnitFlags(["-g80"], {}).check_backend(use_ninja=False)  # nothing to give
+
+
 def test_visible_gpus_come_after_the_knobs(manifest):
     assert manifest.parse_archs({}, detected_archs=[86]) == ([86], "the visible GPUs")
     assert manifest.parse_archs({"TORCH_CUDA_ARCH_LIST": "9.0"}, [86])[0] == [90]

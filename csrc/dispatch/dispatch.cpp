@@ -97,8 +97,14 @@ std::vector<const Family*> families_for(int sm, std::string* error) {
   }
   if (is_forced) {
     if (order.empty()) {
-      *error = std::string("FLASH_CUDA_FAMILY=") + forced + " names no kernel family this " +
-               "build holds for compute capability " + arch_text(sm) + " (compiled families: " +
+      const auto named = std::find_if(families().begin(), families().end(), [&](const Family& f) {
+        return std::strcmp(f.name, forced) == 0;
+      });
+      *error = std::string("FLASH_CUDA_FAMILY=") + forced +
+               (named == families().end()
+                    ? " names no kernel family this build holds"
+                    : " names a compiled family that does not run on this GPU") +
+               " (compute capability " + arch_text(sm) + "; compiled families: " +
                compiled_families() + ")";
       return order;
     }
@@ -107,10 +113,12 @@ std::vector<const Family*> families_for(int sm, std::string* error) {
     return order;
   }
   if (order.empty()) {
+    std::vector<int> archs;
+    for (const Family& f : families()) archs.insert(archs.end(), f.archs.begin(), f.archs.end());
+    std::sort(archs.begin(), archs.end());
+    archs.erase(std::unique(archs.begin(), archs.end()), archs.end());
     std::string list;
-    for (const Family& f : families()) {
-      for (int a : f.archs) list += (list.empty() ? "" : ", ") + std::to_string(a);
-    }
+    for (int a : archs) list += (list.empty() ? "" : ", ") + std::to_string(a);
     *error = "flash_cuda was not compiled for this GPU (compute capability " + arch_text(sm) +
              "; compiled archs: " + (list.empty() ? "none" : list) +
              "); rebuild with FLASH_CUDA_ARCHS including " + std::to_string(sm);
@@ -123,9 +131,18 @@ bool takes(const FwdLauncher& l, const FwdParams& p) {
 }
 bool takes(const BwdLauncher&, const BwdParams&) { return true; }
 
+// FLASH_CUDA_FAMILY_STRICT=1 (for tests): the family FLASH_CUDA_FAMILY names must take every
+// problem it holds a kernel for; a decline is an error instead of a quiet fallback.  (An op it
+// has no kernel for, such as sm90's backward, still runs on the portable family.)
+bool strict_family() {
+  const char* strict = std::getenv("FLASH_CUDA_FAMILY_STRICT");
+  return strict != nullptr && std::strcmp(strict, "1") == 0;
+}
+
 template <class Launcher, class Params>
 KernelChoice<Launcher> find(Op op, int sm, DType dtype, const Params& params, int head_dim) {
   KernelChoice<Launcher> choice;
+  const char* forced = std::getenv("FLASH_CUDA_FAMILY");
   for (const Family* family : families_for(sm, &choice.error)) {
     const Entry<Launcher>* best = nullptr;
     std::string available;  // built only for the error message
@@ -139,6 +156,15 @@ KernelChoice<Launcher> find(Op op, int sm, DType dtype, const Params& params, in
       choice.family = family->name;
       choice.head_dim = best->head_dim;
       choice.error.clear();
+      return choice;
+    }
+    if (best != nullptr && forced != nullptr && std::strcmp(forced, family->name) == 0 &&
+        strict_family()) {
+      choice.family = family->name;
+      choice.error = std::string("FLASH_CUDA_FAMILY=") + forced + " with " +
+                     "FLASH_CUDA_FAMILY_STRICT=1: its " + op_name(op) + " kernel for head dim " +
+                     std::to_string(best->head_dim) + " declines this problem (tensors it " +
+                     "cannot address, or a tile larger than the block's shared memory)";
       return choice;
     }
     // The message names the last family tried: the portable one, which takes every problem.
