@@ -13,6 +13,10 @@ One call, per sequence b of the batch:
    cache_leftpad[b] .. cache_seqlens[b] + n - 1 (the leftpad rows are not part of the
    sequence), with the bottom-right aligned causal / window mask of attention_forward_reference,
    and GQA / MQA.
+Split-KV: `split_partials_reference` gives each split of the keys' normalised output and lse
+(the mask of the whole sequence applied), and `combine_reference` merges them by their lse into
+the unsplit result: the oracles of the split-KV kernels and of their combine.
+
 Rotary (half the rotary dim in `rotary_cos`'s last axis; interleaved pairs (0, 1), (2, 3), ...
 or, with rotary_interleaved=False, halves (i, i + rotary_dim / 2)) rotates new key i at position
 p0 + i and the queries at p0 + i when causal or local, all at p0 otherwise, where p0 is
@@ -25,9 +29,11 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .reference import attention_forward_reference
+from .reference import (_masked_scores, _merge_q_heads, _resolve_window, _split_kv_heads,
+                        _split_q_heads, attention_forward_reference)
 
-__all__ = ["apply_rotary", "kvcache_forward_reference"]
+__all__ = ["apply_rotary", "combine_reference", "kvcache_forward_reference",
+           "split_partials_reference"]
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
@@ -173,3 +179,60 @@ def kvcache_forward_reference(
             out[cu_q[b]:cu_q[b + 1]] = o_b[0].to(out.dtype)
             lse[:, cu_q[b]:cu_q[b + 1]] = lse_b[0]
     return out, lse
+
+
+def split_partials_reference(q: Tensor, k: Tensor, v: Tensor, boundaries, softmax_scale: float,
+                             causal: bool = False,
+                             window_size: Tuple[int, int] = (-1, -1)) -> Tuple[Tensor, Tensor]:
+    """The keys of dense q (b, Lq, heads, d), k, v (b, Lk, heads_kv, d) cut at `boundaries`
+    (0 = c0 <= c1 <= ... <= cS = Lk): per split, float32 out (S, b, Lq, heads, d) normalised
+    within the split and lse (S, b, Lq, heads), with the bottom-right mask of the whole
+    sequence.  A split a row sees nothing of (empty, or masked) has out 0 and lse -inf there."""
+    window = _resolve_window(causal, window_size[0], window_size[1])
+    q_len, k_len, heads_kv = q.shape[1], k.shape[1], k.shape[2]
+    if boundaries[0] != 0 or boundaries[-1] != k_len or list(boundaries) != sorted(boundaries):
+        raise ValueError(f"boundaries must rise from 0 to the key length {k_len}; got "
+                         f"{list(boundaries)}")
+    qh = _split_q_heads(q, heads_kv, torch.float32)  # (b, hkv, g, Lq, d)
+    kh, vh = _split_kv_heads(k, torch.float32), _split_kv_heads(v, torch.float32)
+    outs, lses = [], []
+    for k0, k1 in zip(boundaries[:-1], boundaries[1:]):
+        if k1 == k0:
+            o = torch.zeros_like(qh)
+            lse = qh.new_full(qh.shape[:-1], float("-inf"))
+        else:
+            scores = _masked_scores(qh, kh[..., k0:k1, :], softmax_scale, q_len, k_len, k0,
+                                    window)
+            row_max = scores.amax(dim=-1, keepdim=True)
+            safe = torch.where(torch.isneginf(row_max), 0.0, row_max)
+            p = torch.exp(scores - safe)
+            row_sum = p.sum(dim=-1, keepdim=True)
+            seen = row_sum > 0
+            o = torch.matmul(p, vh[..., k0:k1, :]) / torch.where(seen, row_sum, 1.0)
+            lse = torch.where(seen, safe + torch.log(torch.where(seen, row_sum, 1.0)),
+                              float("-inf")).squeeze(-1)
+        outs.append(_merge_q_heads(o))
+        lses.append(_merge_q_heads(lse.unsqueeze(-1)).squeeze(-1))  # (b, Lq, heads)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def combine_reference(out_partial: Tensor, lse_partial: Tensor,
+                      out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """Merges split partials: out_partial (S, *rows, d), lse_partial (S, *rows) in the same row
+    order -> out (*rows, d) in out_dtype (default out_partial's), lse (*rows) float32.  Each
+    split weighs exp(lse_s - lse); a split with lse -inf weighs 0 whatever its out holds, and a
+    row no split saw gets out 0, lse -inf."""
+    if lse_partial.shape != out_partial.shape[:-1]:
+        raise ValueError(f"lse_partial must have out_partial's shape without its last dimension "
+                         f"({tuple(out_partial.shape[:-1])}); got {tuple(lse_partial.shape)}")
+    lse_s = lse_partial.float()
+    top = lse_s.amax(dim=0)
+    safe = torch.where(torch.isneginf(top), 0.0, top)
+    weight = torch.exp(lse_s - safe)  # (S, *rows), 0 for lse -inf
+    total = weight.sum(dim=0)
+    seen = total > 0
+    lse = torch.where(seen, safe + torch.log(torch.where(seen, total, 1.0)), float("-inf"))
+    weighted = torch.where(weight.unsqueeze(-1) > 0, weight.unsqueeze(-1) * out_partial.float(),
+                           0.0)
+    out = weighted.sum(dim=0) / torch.where(seen, total, 1.0).unsqueeze(-1)
+    return out.to(out_dtype or out_partial.dtype), lse

@@ -188,3 +188,41 @@ def test_bad_inputs_are_named(kwargs, match):
         call.update(zip(("rotary_cos", "rotary_sin"), rotary_tables(16)))
     with pytest.raises(ValueError, match=match):
         kvcache_forward_reference(q, cache_k, cache_v, **call)
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (7, 2))])
+@pytest.mark.parametrize("boundaries", [[0, 61], [0, 0, 17, 17, 40, 61], [0, 1, 2, 60, 61]])
+def test_split_partials_combine_to_the_whole(causal, window, boundaries):
+    """Any cut of the keys, empty splits and splits a row sees nothing of included, combines
+    to the unsplit attention (rows 0-2 of a causal 5 x 61 problem see none of the last split)."""
+    from flash_cuda.reference import attention_forward_reference
+    from flash_cuda.reference_kvcache import combine_reference, split_partials_reference
+    q, k, v = torch.randn(2, 5, HQ, D), torch.randn(2, 61, HK, D), torch.randn(2, 61, HK, D)
+    scale = D ** -0.5
+    out_p, lse_p = split_partials_reference(q, k, v, boundaries, scale, causal, window)
+    assert out_p.shape == (len(boundaries) - 1, 2, 5, HQ, D) and lse_p.shape == (len(boundaries) - 1, 2, 5, HQ)
+    out, lse = combine_reference(out_p, lse_p)
+    want_out, want_lse = attention_forward_reference(q, k, v, softmax_scale=scale, causal=causal,
+                                                     window_left=window[0],
+                                                     window_right=window[1])
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_combine_ignores_what_an_unseen_split_holds():
+    """A split with lse -inf weighs nothing, even when its out holds NaN; a row no split saw
+    gets out 0 and lse -inf."""
+    from flash_cuda.reference_kvcache import combine_reference
+    out_p = torch.randn(3, 4, D)
+    lse_p = torch.randn(3, 4)
+    out_p[1, :2] = float("nan")
+    lse_p[1, :2] = float("-inf")
+    lse_p[:, 3] = float("-inf")
+    out, lse = combine_reference(out_p, lse_p, out_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert (out[3] == 0).all() and lse[3] == float("-inf")
+    w = torch.softmax(lse_p[[0, 2], 0], dim=0)
+    torch.testing.assert_close(out[0].float(), (w[0] * out_p[0, 0] + w[1] * out_p[2, 0]),
+                               atol=1e-2, rtol=1e-2)
+    with pytest.raises(ValueError, match="lse_partial must have"):
+        combine_reference(out_p, lse_p[:, :2])
