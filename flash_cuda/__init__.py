@@ -14,6 +14,7 @@ from flash_cuda.interface import (
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
     flash_attn_varlen_func,
+    flash_attn_with_kvcache,
 )
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
+    "flash_attn_with_kvcache",
     "build_info",
     "__version__",
 ]

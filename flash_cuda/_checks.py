@@ -412,3 +412,109 @@ def check_packed(name: str, packed, count: int, layout: str) -> None:
 def check_optional_tensor(name: str, value: Optional[torch.Tensor]) -> None:
     if value is not None and not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None; got {type(value).__name__}.")
+
+
+# ---- the KV-cache op ----------------------------------------------------------------------------
+
+def _check_like(name: str, t: torch.Tensor, q: torch.Tensor, rank: int, heads: int,
+                heads_name: str) -> None:
+    """A 16-bit / float32 tensor of q's dtype and device, of `rank`, heads and head dim."""
+    check_is_tensor(name, t)
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D; got shape {_shape(t)}.")
+    if t.dtype != q.dtype or t.device != q.device:
+        raise ValueError(f"{name} must have q's dtype ({_dtype_name(q.dtype)}) and device "
+                         f"({q.device}); got {_dtype_name(t.dtype)} on {t.device}.")
+    if t.shape[-2] != heads or t.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{name} must have {heads} heads ({heads_name}) and q's head dim "
+                         f"{q.shape[-1]} in its last two dimensions; got shape {_shape(t)}.")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension; got stride "
+                         f"{t.stride(-1)}.")
+
+
+def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                     max_seqlen_q, rotary_seqlens, softmax_scale, window_left,
+                     window_right) -> int:
+    """The rules of torch.ops.flash_cuda.fwd_kvcache; returns the batch size."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_is_tensor(name, t)
+    if q.device.type not in DEVICE_TYPES:
+        raise ValueError(f"q is on {q.device}; flash_cuda runs on CUDA devices and on the "
+                         f"CPU (the reference implementation).")
+    check_supported_dtype("q", q)
+    varlen_q = cu_seqlens_q is not None
+    check_rank("q", q, varlen_q)
+    heads_kv = k_cache.shape[-2] if k_cache.dim() == 4 else 0
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_like(name, t, q, 4, heads_kv, "k_cache's")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape; got "
+                         f"{_shape(k_cache)} and {_shape(v_cache)}.")
+    check_head_dim(q, k_cache, v_cache)
+    if heads_kv == 0 or q.shape[-2] % heads_kv != 0:
+        raise ValueError(f"the number of heads of q ({q.shape[-2]}) must be a multiple of the "
+                         f"number of heads of the cache ({heads_kv}) (MHA, GQA or MQA).")
+    if varlen_q:
+        check_is_tensor("cu_seqlens_q", cu_seqlens_q)
+    batch = cu_seqlens_q.shape[0] - 1 if varlen_q else q.shape[0]
+    if varlen_q:
+        check_index_tensor("cu_seqlens_q", cu_seqlens_q, cu_seqlens_q.shape[0], q)
+        if cu_seqlens_q.shape[0] < 1:
+            raise ValueError("cu_seqlens_q must hold batch + 1 >= 1 entries; got none.")
+        if max_seqlen_q is None:
+            raise ValueError("max_seqlen_q is required with cu_seqlens_q (it sizes the grid).")
+        check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    if (k is None) != (v is None):
+        raise ValueError("k and v go together: pass both (they are appended to the cache) or "
+                         "neither.")
+    if cu_seqlens_k_new is not None and k is None:
+        raise ValueError("cu_seqlens_k_new describes packed new keys: pass k and v with it.")
+    if k is not None:
+        varlen_k = cu_seqlens_k_new is not None
+        for name, t in (("k", k), ("v", v)):
+            _check_like(name, t, q, 3 if varlen_k else 4, heads_kv, "the cache's")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape; got {_shape(k)} and "
+                             f"{_shape(v)}.")
+        if varlen_k:
+            check_index_tensor("cu_seqlens_k_new", cu_seqlens_k_new, batch + 1, q)
+        elif k.shape[0] != batch:
+            raise ValueError(f"k and v must have q's batch size {batch} in dimension 0; got "
+                             f"{k.shape[0]}.")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens (where the new keys go) is required with k and v.")
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("cache_leftpad", cache_leftpad), ("rotary_seqlens", rotary_seqlens)):
+        if t is not None:
+            check_index_tensor(name, t, batch, q)
+    if page_table is not None:
+        check_is_tensor("page_table", page_table)
+        if page_table.dtype != torch.int32 or page_table.dim() != 2 or \
+                page_table.shape[0] != batch or page_table.device != q.device:
+            raise ValueError(f"page_table must be int32 of shape (batch={batch}, pages per "
+                             f"sequence) on q's device; got {_dtype_name(page_table.dtype)} of "
+                             f"shape {_shape(page_table)} on {page_table.device}.")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx selects rows of a dense cache; with a page_table "
+                             "the table maps sequences to pages: pass one or the other.")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin go together: pass both or neither.")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos / rotary_sin rotate the new keys (and q): pass k and v "
+                             "too.")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            check_is_tensor(name, t)
+            if t.dim() != 2 or t.shape != rotary_cos.shape or t.device != q.device:
+                raise ValueError(f"{name} must be 2-D (positions, rotary_dim / 2), of "
+                                 f"rotary_cos's shape, on q's device; got shape {_shape(t)} on "
+                                 f"{t.device}.")
+        rotary_dim = 2 * rotary_cos.shape[1]
+        if rotary_dim % 16 != 0 or not 0 < rotary_dim <= q.shape[-1]:
+            raise ValueError(f"the rotary dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be "
+                             f"a multiple of 16 between 16 and the head dim {q.shape[-1]}.")
+    check_window(window_left, window_right)
+    check_scale_value(softmax_scale)
+    return batch

@@ -26,12 +26,13 @@ except ImportError as exc:  # the extension is the only source of the op schemas
         f"the FLASH_CUDA_* build knobs. Original error: {exc}"
     ) from exc
 
-from flash_cuda import _checks, reference
+from flash_cuda import _checks, reference, reference_kvcache
 
-__all__ = ["fwd", "bwd", "build_info"]
+__all__ = ["fwd", "bwd", "fwd_kvcache", "build_info"]
 
 fwd = torch.ops.flash_cuda.fwd.default
 bwd = torch.ops.flash_cuda.bwd.default
+fwd_kvcache = torch.ops.flash_cuda.fwd_kvcache.default
 _BUILD_INFO = _C.build_info()
 # Read once here: the API consults it on every call, also while torch.compile traces, where a
 # call into the extension would break the graph.
@@ -84,6 +85,61 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequs
                          seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
                          window_right)
     return reference.output_like(q), reference.output_like(k), reference.output_like(v)
+
+
+# ---- the KV-cache op (forward only; no CUDA kernels yet) -------------------------------------
+
+def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left,
+                   window_right):
+    return _checks.check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                    cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                                    cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
+                                    softmax_scale, window_left, window_right)
+
+
+@torch.library.register_kernel("flash_cuda::fwd_kvcache", "cpu")
+def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                     max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left,
+                     window_right, rotary_interleaved, num_splits):
+    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left, window_right)
+    # num_splits changes no result: the reference never splits.
+    return reference_kvcache.kvcache_forward_reference(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens,
+        softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
+        rotary_interleaved=rotary_interleaved)
+
+
+@torch.library.register_fake("flash_cuda::fwd_kvcache")
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                      max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left,
+                      window_right, rotary_interleaved, num_splits):
+    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left, window_right)
+    lse = q.new_empty(_checks.lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    return torch.empty_like(q), lse
+
+
+def _fwd_kvcache_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
+                      cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, softmax_scale, causal,
+                      window_left, window_right, rotary_interleaved, num_splits):
+    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left, window_right)
+    raise NotImplementedError(
+        "flash_cuda has no CUDA kernels for attention over a KV cache yet: in this version "
+        "flash_attn_with_kvcache runs on CPU tensors only (the plain-PyTorch reference).")
+
+
+torch.library.register_kernel("flash_cuda::fwd_kvcache", "cuda", _fwd_kvcache_cuda)
 
 
 # ---- autograd --------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from flash_cuda import _checks, _ops
 __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
 ]
@@ -209,3 +210,52 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              return_attn_probs=return_attn_probs, dropout_p=dropout_p,
                              alibi_slopes=alibi_slopes)
     return result + (None,) if isinstance(result, tuple) else result
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, page_table=None, cu_seqlens_q=None,
+                            cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                            rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+    """Attention over a KV cache, forward only (FlashAttention-3's signature and semantics:
+    flash_cuda/reference_kvcache.py states them in full).
+
+    k_cache / v_cache: dense (batch_cache, seqlen_cache, heads_kv, d), or paged (num_pages,
+    page_size, heads_kv, d) with page_table (batch, pages per sequence) int32, any page size.
+    k / v (optional): new keys and values, written into the cache in place at cache_seqlens
+    (an int or an int32 (batch,) tensor of the rows already there) and then attended to, after
+    rotary embedding of them and of q when rotary_cos / rotary_sin are given. cache_batch_idx
+    picks cache rows, cache_leftpad skips rows at the start of each, cu_seqlens_q /
+    cu_seqlens_k_new pack q and the new keys. Returns out like q, or (out, softmax_lse) with
+    return_softmax_lse=True.
+
+    In this version it runs on CPU tensors (the plain-PyTorch reference); CUDA tensors raise
+    NotImplementedError. qv, the descales, attention_chunk, softcap and scheduler_metadata are
+    accepted only at their defaults; num_splits, pack_gqa and sm_margin are hints.
+    """
+    _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, 0.0, None,
+                  None, None)
+    if scheduler_metadata is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: scheduler_metadata is not "
+                                  "supported yet (no split-KV scheduler); pass None.")
+    _checks.check_hints(num_splits, pack_gqa, sm_margin)
+    _checks.check_is_tensor("q", q)
+    scale = _checks.as_scale(softmax_scale, q.shape[-1])
+    causal = _checks.as_flag("causal", causal)
+    left, right = _checks.as_window(window_size)
+    interleaved = _checks.as_flag("rotary_interleaved", rotary_interleaved)
+    return_lse = _checks.as_flag("return_softmax_lse", return_softmax_lse)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+        cache_seqlens = torch.full((batch,), _checks.as_int("cache_seqlens", cache_seqlens),
+                                   dtype=torch.int32, device=q.device)
+    if max_seqlen_q is not None:
+        max_seqlen_q = _checks.as_int("max_seqlen_q", max_seqlen_q)
+    out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                                cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
+                                scale, causal, left, right, interleaved, int(num_splits))
+    return (out, lse) if return_lse else out

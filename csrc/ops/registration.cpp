@@ -116,6 +116,15 @@ TORCH_LIBRARY(flash_cuda, m) {
       "SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
       "int window_left, int window_right, bool deterministic) "
       "-> (Tensor dq, Tensor dk, Tensor dv)");
+  // Attention over a KV cache (flash_attn_with_kvcache), forward only.  k_cache and v_cache are
+  // written in place when k and v are given, so the schema declares them mutated.
+  m.def(
+      "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
+      "Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
+      "Tensor? cache_leftpad, Tensor? page_table, Tensor? cu_seqlens_q, "
+      "Tensor? cu_seqlens_k_new, SymInt? max_seqlen_q, Tensor? rotary_seqlens, "
+      "float softmax_scale, bool causal, int window_left, int window_right, "
+      "bool rotary_interleaved, int num_splits) -> (Tensor out, Tensor softmax_lse)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,0 +1,133 @@
+"""flash_attn_with_kvcache and torch.ops.flash_cuda.fwd_kvcache: the API over the op, the op's
+rules and not-yet-implemented arguments, its declared mutation of the caches (opcheck), a decode
+step under torch.compile(fullgraph=True), and the clear error on CUDA until its kernels exist."""
+
+import pytest
+import torch
+
+import flash_cuda
+from flash_cuda import flash_attn_with_kvcache
+from flash_cuda.reference_kvcache import kvcache_forward_reference
+
+B, HQ, HK, D, CAP = 2, 4, 2, 64, 48
+
+
+def case(seqlen_q=1, n_new=1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, seqlen_q, HQ, D, generator=g, dtype=dtype)
+    k_cache, v_cache = (torch.randn(B, CAP, HK, D, generator=g, dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(B, n_new, HK, D, generator=g, dtype=dtype) for _ in range(2))
+    cos = torch.randn(64, 16, generator=g)
+    return q, k_cache, v_cache, k, v, cos, torch.randn(64, 16, generator=g)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_api_appends_rotates_and_attends(paged):
+    q, k_cache, v_cache, k, v, cos, sin = case(seqlen_q=3, n_new=3)
+    lengths = torch.tensor([4, 30], dtype=torch.int32)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    want = kvcache_forward_reference(q, ref_k, ref_v, k, v, cos, sin, cache_seqlens=lengths,
+                                     causal=True)
+    kwargs = {}
+    if paged:  # pages of 16 rows in reverse order
+        pages = CAP // 16
+        table = torch.arange(B * pages - 1, -1, -1, dtype=torch.int32).view(B, pages)
+        paged_k = torch.empty(B * pages, 16, HK, D)
+        paged_v = torch.empty_like(paged_k)
+        for b in range(B):
+            for p in range(pages):
+                paged_k[table[b, p]] = k_cache[b, p * 16:(p + 1) * 16]
+                paged_v[table[b, p]] = v_cache[b, p * 16:(p + 1) * 16]
+        k_cache, v_cache, kwargs = paged_k, paged_v, {"page_table": table}
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos,
+                                       rotary_sin=sin, cache_seqlens=lengths, causal=True,
+                                       return_softmax_lse=True, **kwargs)
+    torch.testing.assert_close(out, want[0], atol=0, rtol=0)
+    torch.testing.assert_close(lse, want[1], atol=0, rtol=0)
+    row = (table[1, 30 // 16], 30 % 16) if paged else (1, 30)
+    torch.testing.assert_close(k_cache[row], ref_k[1, 30])  # the new key landed in the cache
+
+
+def test_int_cache_seqlens_and_defaults():
+    q, k_cache, v_cache, k, v, _, _ = case()
+    out = flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, cache_seqlens=7)
+    want = kvcache_forward_reference(q, k_cache, v_cache, k, v, cache_seqlens=7,
+                                     softmax_scale=D ** -0.5)
+    torch.testing.assert_close(out, want[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name, value", [("qv", "tensor"), ("q_descale", "tensor"),
+                                         ("softcap", 1.0), ("attention_chunk", 8),
+                                         ("scheduler_metadata", "tensor")])
+def test_not_implemented_arguments_name_themselves(name, value):
+    q, k_cache, v_cache, _, _, _, _ = case()
+    value = torch.zeros(1) if value == "tensor" else value
+    with pytest.raises(NotImplementedError, match=name):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=3, **{name: value})
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(k="alone"), "k and v go together"),
+    (dict(page_table=True, cache_batch_idx=True), "pass one or the other"),
+    (dict(cache_seqlens=torch.tensor([1, 2])), "cache_seqlens must have dtype int32"),
+    (dict(rotary_dim=8), "rotary dim"),
+    (dict(cache_dtype=torch.float16), "k_cache must have q's dtype"),
+    (dict(cache_seqlens=None), "cache_seqlens .* is required"),
+])
+def test_op_rules_name_the_argument(change, match):
+    q, k_cache, v_cache, k, v, cos, sin = case()
+    args = dict(k=k, v=v, cache_seqlens=torch.tensor([1, 2], dtype=torch.int32))
+    if change.get("k") == "alone":
+        args.pop("v")
+    if change.get("page_table"):
+        args.update(page_table=torch.zeros(B, 3, dtype=torch.int32),
+                    cache_batch_idx=torch.zeros(B, dtype=torch.int32))
+    if "rotary_dim" in change:
+        args.update(rotary_cos=cos[:, :change["rotary_dim"] // 2],
+                    rotary_sin=sin[:, :change["rotary_dim"] // 2])
+    if "cache_dtype" in change:
+        k_cache = k_cache.to(change["cache_dtype"])
+    if "cache_seqlens" in change:
+        args["cache_seqlens"] = change["cache_seqlens"]
+    with pytest.raises(ValueError, match=match):
+        flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+
+
+def _op_args(q, k_cache, v_cache, k, v, cos, sin):
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+    return (q, k_cache, v_cache, k, v, cos, sin, lengths, None, None, None, None, None, None,
+            None, D ** -0.5, True, -1, -1, True, 0)
+
+
+def test_opcheck_declares_the_cache_mutation():
+    """opcheck's schema test fails when an op writes a tensor its schema does not mark (a!)."""
+    q, k_cache, v_cache, k, v, cos, sin = case(seqlen_q=2, n_new=2)
+    torch.library.opcheck(torch.ops.flash_cuda.fwd_kvcache.default,
+                          _op_args(q, k_cache, v_cache, k, v, cos, sin))
+
+
+def test_decode_step_compiles_fullgraph():
+    q, k_cache, v_cache, k, v, _, _ = case()
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+
+    def step(q, k_cache, v_cache, k, v):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                       causal=True)
+
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+    want = step(q, eager_k, eager_v, k, v)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k_cache, v_cache, k, v)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(k_cache, eager_k, atol=0, rtol=0)  # the compiled step wrote it
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_says_it_has_no_kernels_yet():
+    q, k_cache, v_cache, k, v, _, _ = (t.cuda() for t in case(dtype=torch.bfloat16))
+    with pytest.raises(NotImplementedError, match="no CUDA kernels for attention over a KV"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=3)
+
+
+def test_exported_from_the_package():
+    assert "flash_attn_with_kvcache" in flash_cuda.__all__
