@@ -174,8 +174,7 @@ def extension_and_cmdclass():
             log(f"family {family}: {len(generated.get(family, []))} units for "
                 f"{', '.join(manifest.targets(family, family_archs))}")
         per_unit = toolchain.PerUnitFlags(gencode[portable], {
-            os.path.join(ROOT, p): gencode[f] for f, paths in generated.items() if f != portable
-            for p in [os.path.relpath(q, ROOT) for q in paths]})
+            path: gencode[f] for f, paths in generated.items() if f != portable for path in paths})
         ext = CUDAExtension(
             name="flash_cuda._C",
             sources=sources,

@@ -14,6 +14,8 @@ The CPU and fake implementations check the op rules (flash_cuda/_checks.py), the
 them in C++ with the same messages.
 """
 
+from typing import NamedTuple, Optional
+
 import torch
 
 try:
@@ -89,51 +91,62 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequs
 
 # ---- the KV-cache op (forward only; no CUDA kernels yet) -------------------------------------
 
-def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left,
-                   window_right):
-    return _checks.check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                    cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
-                                    cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
-                                    softmax_scale, window_left, window_right)
+class _KvcacheArgs(NamedTuple):
+    """fwd_kvcache's arguments, in its schema's order (csrc/ops/registration.cpp)."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k: Optional[torch.Tensor]
+    v: Optional[torch.Tensor]
+    rotary_cos: Optional[torch.Tensor]
+    rotary_sin: Optional[torch.Tensor]
+    cache_seqlens: Optional[torch.Tensor]
+    cache_batch_idx: Optional[torch.Tensor]
+    cache_leftpad: Optional[torch.Tensor]
+    page_table: Optional[torch.Tensor]
+    cu_seqlens_q: Optional[torch.Tensor]
+    cu_seqlens_k_new: Optional[torch.Tensor]
+    max_seqlen_q: Optional[int]
+    rotary_seqlens: Optional[torch.Tensor]
+    softmax_scale: float
+    causal: bool
+    window_left: int
+    window_right: int
+    rotary_interleaved: bool
+    num_splits: int
+
+
+def _checked_kvcache_args(args) -> _KvcacheArgs:
+    """The op's positional arguments, named, once its rules hold."""
+    a = _KvcacheArgs(*args)
+    _checks.check_kvcache_op(a.q, a.k_cache, a.v_cache, a.k, a.v, a.rotary_cos, a.rotary_sin,
+                             a.cache_seqlens, a.cache_batch_idx, a.cache_leftpad, a.page_table,
+                             a.cu_seqlens_q, a.cu_seqlens_k_new, a.max_seqlen_q,
+                             a.rotary_seqlens, a.softmax_scale, a.window_left, a.window_right)
+    return a
 
 
 @torch.library.register_kernel("flash_cuda::fwd_kvcache", "cpu")
-def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                     cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                     max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left,
-                     window_right, rotary_interleaved, num_splits):
-    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left, window_right)
+def _fwd_kvcache_cpu(*args):
+    a = _checked_kvcache_args(args)
     # num_splits changes no result: the reference never splits.
     return reference_kvcache.kvcache_forward_reference(
-        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens,
-        softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
-        rotary_interleaved=rotary_interleaved)
+        a.q, a.k_cache, a.v_cache, a.k, a.v, a.rotary_cos, a.rotary_sin, a.cache_seqlens,
+        a.cache_batch_idx, a.cache_leftpad, a.page_table, a.cu_seqlens_q, a.cu_seqlens_k_new,
+        a.rotary_seqlens, softmax_scale=a.softmax_scale, causal=a.causal,
+        window_size=(a.window_left, a.window_right), rotary_interleaved=a.rotary_interleaved)
 
 
 @torch.library.register_fake("flash_cuda::fwd_kvcache")
-def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                      cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                      max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left,
-                      window_right, rotary_interleaved, num_splits):
-    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left, window_right)
-    lse = q.new_empty(_checks.lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
-    return torch.empty_like(q), lse
+def _fwd_kvcache_fake(*args):
+    a = _checked_kvcache_args(args)
+    lse = a.q.new_empty(_checks.lse_shape(a.q, a.cu_seqlens_q is not None), dtype=torch.float32)
+    return torch.empty_like(a.q), lse
 
 
-def _fwd_kvcache_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                      cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
-                      cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, softmax_scale, causal,
-                      window_left, window_right, rotary_interleaved, num_splits):
-    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, rotary_seqlens, softmax_scale, causal, window_left, window_right)
+def _fwd_kvcache_cuda(*args):
+    _checked_kvcache_args(args)
     raise NotImplementedError(
         "flash_cuda has no CUDA kernels for attention over a KV cache yet: in this version "
         "flash_attn_with_kvcache runs on CPU tensors only (the plain-PyTorch reference).")
