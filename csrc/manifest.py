@@ -64,8 +64,8 @@ class Kernel:
 
     @property
     def workspace(self):
-        """The function that sizes the op's workspace (the backward's only)."""
-        return self._function("bwd_workspace_bytes") if self.direction == "bwd" else None
+        """The function that sizes the op's workspace (scratch device memory)."""
+        return self._function(f"{self.direction}_workspace_bytes")
 
 
 def _split(value):
@@ -168,8 +168,9 @@ def _kernel_source(kernel):
              f'#include "{kernel.family}/launch_{kernel.direction}.cuh"', ""]
     if kernel.direction == "fwd":
         lines.append(f"template bool {kernel.supports}(const flash_cuda::FwdParams&);")
+        lines.append(f"template size_t {kernel.workspace}(const flash_cuda::FwdParams&);")
         lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::FwdParams&, "
-                     f"cudaStream_t);")
+                     f"void*, cudaStream_t);")
     else:
         lines.append(f"template size_t {kernel.workspace}(const flash_cuda::BwdParams&);")
         lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::BwdParams&, "
@@ -187,7 +188,7 @@ def _table_sources(selected):
     families = [head + "the kernel families this build holds, in preference order.",
                 "// FLASH_CUDA_FAMILY(enum, name, min_arch, end_arch, arch_specific, compiled archs...)"]
     fwd = [head + "the forward kernels.",
-           "// FLASH_CUDA_FWD_KERNEL(family, dtype, head_dim, supports, run)"]
+           "// FLASH_CUDA_FWD_KERNEL(family, dtype, head_dim, supports, workspace_bytes, run)"]
     bwd = [head + "the backward kernels.",
            "// FLASH_CUDA_BWD_KERNEL(family, dtype, head_dim, workspace_bytes, run)"]
     for family, (archs, kernels) in selected.items():
@@ -198,7 +199,8 @@ def _table_sources(selected):
         for k in kernels:
             key = f"{info['arch_enum']}, {_dtype_enum(k.dtype)}, {k.head_dim}"
             if k.direction == "fwd":
-                fwd.append(f"FLASH_CUDA_FWD_KERNEL({key}, ({k.supports}), ({k.launcher}))")
+                fwd.append(f"FLASH_CUDA_FWD_KERNEL({key}, ({k.supports}), ({k.workspace}), "
+                           f"({k.launcher}))")
             else:
                 bwd.append(f"FLASH_CUDA_BWD_KERNEL({key}, ({k.workspace}), ({k.launcher}))")
     return {"family_table.inc": families, "fwd_kernel_table.inc": fwd,

@@ -39,6 +39,14 @@ inline cudaError_t max_smem_per_block(int* bytes) {
   return err;
 }
 
+// The current device's SM count (the size of a persistent grid).
+inline cudaError_t sm_count(int* count) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+  return err;
+}
+
 template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim3 grid, int threads,
                                                      int smem_bytes, cudaStream_t stream,
                                                      const Params& params) {

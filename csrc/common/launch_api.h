@@ -23,7 +23,9 @@ namespace sm80 {
 template <class ElementTag, int kHeadDim>
 bool fwd_supports(const FwdParams& params);
 template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+size_t fwd_workspace_bytes(const FwdParams& params);
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& params, void* workspace, cudaStream_t stream);
 template <class ElementTag, int kHeadDim>
 size_t bwd_workspace_bytes(const BwdParams& params);
 template <class ElementTag, int kHeadDim>
@@ -37,7 +39,9 @@ namespace sm90 {
 template <class ElementTag, int kHeadDim>
 bool fwd_supports(const FwdParams& params);
 template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+size_t fwd_workspace_bytes(const FwdParams& params);
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& params, void* workspace, cudaStream_t stream);
 }  // namespace sm90
 
 }  // namespace flash_cuda

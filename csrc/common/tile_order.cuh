@@ -39,6 +39,11 @@ __device__ __forceinline__ BlockTile block_tile(int shift) {
   return {x >> shift, (int(blockIdx.y) << shift) + (x & ((1 << shift) - 1)), int(blockIdx.z)};
 }
 
+// The same for block (x, y, z) of that grid, taken in turn by a persistent block.
+__device__ __forceinline__ BlockTile block_tile(int shift, int x, int y, int z) {
+  return {x >> shift, (y << shift) + (x & ((1 << shift) - 1)), z};
+}
+
 // Host: the grid for `tiles` tiles per (batch, head) and the shift that block_tile reads.
 struct BlockOrder {
   dim3 grid;

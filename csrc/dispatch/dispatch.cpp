@@ -37,8 +37,9 @@ const std::vector<Family>& families() {
   return table;
 }
 
-#define FLASH_CUDA_FWD_KERNEL(family, dtype, hdim, supports, run) \
-  Entry<FwdLauncher>{ArchFamily::family, DType::dtype, hdim, FwdLauncher{supports, run}},
+#define FLASH_CUDA_FWD_KERNEL(family, dtype, hdim, supports, workspace_bytes, run)           \
+  Entry<FwdLauncher>{ArchFamily::family, DType::dtype, hdim,                                \
+                     FwdLauncher{supports, workspace_bytes, run}},
 #define FLASH_CUDA_BWD_KERNEL(family, dtype, hdim, workspace_bytes, run) \
   Entry<BwdLauncher>{ArchFamily::family, DType::dtype, hdim, BwdLauncher{workspace_bytes, run}},
 

@@ -18,7 +18,8 @@ enum class Op : int { kFwd = 0, kBwd = 1 };
 // allocate.
 struct FwdLauncher {
   bool (*supports)(const FwdParams&) = nullptr;  // the whole problem, pointers included
-  cudaError_t (*run)(const FwdParams&, cudaStream_t) = nullptr;
+  size_t (*workspace_bytes)(const FwdParams&) = nullptr;
+  cudaError_t (*run)(const FwdParams&, void* workspace, cudaStream_t) = nullptr;
 };
 struct BwdLauncher {
   size_t (*workspace_bytes)(const BwdParams&) = nullptr;

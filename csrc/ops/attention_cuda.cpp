@@ -303,7 +303,14 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q_in, const Tensor& k_in, cons
   // Dispatch sees the whole problem, pointers and strides included (a family may decline it).
   const auto kernel = find_fwd(device_arch(q_in), kernel_dtype(q_in), p);
   TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
-  check_launch(kernel.launcher.run(p, c10::cuda::getCurrentCUDAStream()), "forward",
+  // The launcher's scratch memory (the sm90 tile counter); none for the portable family.
+  const size_t workspace_bytes = kernel.launcher.workspace_bytes(p);
+  Tensor workspace;
+  if (workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
+  }
+  check_launch(kernel.launcher.run(p, workspace_bytes ? workspace.data_ptr() : nullptr,
+                                   c10::cuda::getCurrentCUDAStream()), "forward",
                kernel.head_dim);
   return {out, lse};
 }

@@ -27,9 +27,12 @@ template <class Kernel> cudaError_t launch_fwd(const FwdParams& params, cudaStre
 
 // The portable family takes every problem the op layer accepts.
 template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams&) { return true; }
+template <class ElementTag, int kHeadDim> size_t fwd_workspace_bytes(const FwdParams&) {
+  return 0;
+}
 
 template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
+cudaError_t run_fwd(const FwdParams& params, void* /*workspace: none*/, cudaStream_t stream) {
   using Kernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;
   if constexpr (Kernel::Config::kHasSmallTile) {
     // GPUs whose blocks cannot hold this head dim's tiles run the 99 KB ones.

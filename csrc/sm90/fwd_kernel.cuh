@@ -1,14 +1,29 @@
-// The Hopper forward kernel (sm90a): one block per (query tile, head, batch).  The first thread
-// of warp group 0 loads Q once and K, V tile by tile through a ring of shared-memory stages with
-// TMA; each other warp group owns 64 query rows and computes S = Q K^T and O += P V with wgmma,
-// the online softmax in registers between them.
+// The Hopper forward kernel (sm90a).  The first thread of warp group 0 loads each tile's Q and
+// its K, V key tile by key tile through a ring of shared-memory stages with TMA; each other warp
+// group owns 64 query rows and computes S = Q K^T and O += P V with wgmma, the online softmax in
+// registers between them.  Where the config says kPersistent, one block per SM takes (query
+// tile, head, batch) tiles in turn; otherwise each block takes one tile.
 //
 // Note [Hopper forward pipeline]
 // - Roles: warp group 0 is the producer (setmaxnreg down to kProducerRegs; one thread issues
 //   every TMA); warp groups 1.. are consumers (setmaxnreg up to kConsumerRegs).
-// - Q arrives once on barrier_q.  K and V have a pipeline each (full barriers counting TMA
-//   bytes, empty barriers counting the consumer threads), so that K of the next tile can land
-//   while V of this one is still read.
+// - Tiles are taken in the order of common/tile_order.cuh (heaviest first under a causal mask).
+//   Persistent, they are handed out dynamically: block b starts with tile b, and its producer
+//   takes each next one from a tile counter in global memory (atomicAdd; the launcher zeroes
+//   it) once the current tile's loads are issued, so that a block that drew light tiles takes
+//   more.  The producer skips tiles past a packed sequence, writes the tile's index to shared
+//   memory before it arrives on barrier_q, and -1 when none is left; the consumers read it after
+//   their wait.  The K and V pipelines run on across tiles, so the next tile's first key tiles
+//   load while this tile finishes.  With one tile per block, the grid is the tile order's, and a
+//   block whose tile lies past its packed sequence leaves before any barrier.
+// - Q arrives on barrier_q, one phase per tile (a tile with no visible key gets a plain arrive:
+//   the consumers wait on every tile, which keeps them at most one tile ahead of the producer).
+//   The producer loads the next Q only after barrier_q_free says every consumer is done with
+//   Q's buffer: after its last GEMM where O has a staging buffer of its own (kSeparateO), after
+//   the epilogue where O is staged in Q's buffer (head dims 192 and 256, whose shared memory
+//   holds no second buffer).
+// - K and V have a pipeline each (full barriers counting TMA bytes, empty barriers counting the
+//   consumer threads), so that K of the next key tile can land while V of this one is read.
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
 //   tile and the causal diagonal come first; a tile is masked only where tile_all_visible says
 //   it must be (so, with a left window bound, also the last ones visited).
@@ -23,9 +38,9 @@
 // - Rows past a sequence's keys in the first (partial) V tile hold whatever follows in memory
 //   (the next packed sequence, an unused cache slot): their P is exactly 0, but 0 * NaN is NaN,
 //   so the consumers zero those rows of the stage before its first P V wgmma.
-// - The epilogue stages O in Q's buffer (each warp group only ever read its own 64 rows of Q)
-//   and copies it out in 16-byte stores; rows past the sequence and head-dim padding stay
-//   unwritten.
+// - The epilogue stages O (in its own buffer, or in Q's: each warp group only ever read its own
+//   64 rows of Q) and copies it out in 16-byte stores; rows past the sequence and head-dim
+//   padding stay unwritten.
 #pragma once
 
 // wgmma shapes whose N is not a power of 2 (kBlockN = 80, 96, ...), before any CuTe header.
@@ -89,6 +104,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   using Registers = RegisterSplit<kConsumerWarpGroups>;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma's shapes");
   static constexpr bool kPingPong = Config::kPingPong;
+  static constexpr bool kPersistent = Config::kPersistent;
   static_assert(!kPingPong || kConsumerWarpGroups == 2, "turns between two warp groups");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
@@ -128,16 +144,36 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
-  struct SharedStorage {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // then O's staging
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+  using Buffer = cute::array_aligned<Element, cosize_v<SmemLayoutQ>>;  // Q's or O's
+  struct Barriers {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    cutlass::arch::ClusterTransactionBarrier barrier_q;
+    cutlass::arch::ClusterTransactionBarrier barrier_q;  // this tile's Q has landed
+    cutlass::arch::ClusterBarrier barrier_q_free;        // Q's buffer may take the next Q
+    int tile;  // this tile's index, or -1: no tile left (written before barrier_q's arrive)
+  };
+  // O gets its own staging buffer where shared memory holds one (Note [Hopper forward
+  // pipeline]).
+  static constexpr bool kSeparateO =
+      kPersistent && sizeof(Buffer) * 2 + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 + sizeof(Barriers) +
+          1024 <= kMaxSmemBytes;
+  struct NoBuffer {};
+  struct SharedStorage {
+    alignas(1024) Buffer q;  // also O's staging without kSeparateO
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) std::conditional_t<kSeparateO, Buffer, NoBuffer> o;
+    Barriers barriers;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kMaxSmemBytes, "the tile fits an sm90 block");
+  static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
+    if constexpr (kSeparateO) {
+      return storage.o.data();
+    } else {
+      return storage.q.data();
+    }
+  }
 
   struct Params {
     TmaQ tma_q;
@@ -146,6 +182,10 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     GmemShape shape_q;
     GmemShape shape_k;
     FwdParams problem;  // outputs, sequences, mask, scale
+    // The tiles in the order of common/tile_order.cuh: tile t is block t of a grid of
+    // (tiles_x, tiles_y, batch) blocks, x fastest; total_tiles of them.
+    int tiles_x, tiles_y, total_tiles;
+    int* tile_counter;  // tiles handed out past the first gridDim.x; zero at launch
   };
 
   // Where this block works: its tile and the key tiles its rows can see.
@@ -154,11 +194,14 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     SeqlenInfo sq, sk;
     int n_begin, n_end;
 
-    __device__ __forceinline__ Work(const FwdParams& p)
-        : Work(p, block_tile(p.block_shift)) {}
-    __device__ __forceinline__ Work(const FwdParams& p, BlockTile tile)
+    __device__ __forceinline__ Work(const Params& params, int t)
+        : Work(params.problem, params.tiles_x,
+               block_tile(params.problem.block_shift, t % params.tiles_x,
+                          (t / params.tiles_x) % params.tiles_y,
+                          t / params.tiles_x / params.tiles_y)) {}
+    __device__ __forceinline__ Work(const FwdParams& p, int tiles_x, BlockTile tile)
         // Rank 0 is the last query tile: with a causal mask it sees the most keys.
-        : m_block(int(gridDim.x >> p.block_shift) - 1 - tile.rank),
+        : m_block((tiles_x >> p.block_shift) - 1 - tile.rank),
           head(tile.head),
           head_kv(tile.head / (p.heads_q / p.heads_kv)),
           batch(tile.batch),
@@ -172,18 +215,22 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   };
 
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
-                              Pipeline& pipeline_v, const Work& w);
+                              Pipeline& pipeline_v, const Work& w, PipelineState& write);
   static __device__ void consume(const Params& params, SharedStorage& storage,
-                                 Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w);
+                                 Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w,
+                                 PipelineState& read_k, PipelineState& read_v);
   template <class TensorO, class TensorLse>
   static __device__ void epilogue(const Params& params, SharedStorage& storage, const Work& w,
                                   TensorO& o, TensorLse& lse);
 
   static __device__ void run(const Params& params, SharedStorage& storage) {
-    const Work w(params.problem);
-    if (w.m_block * kBlockM >= w.sq.extent) return;  // the whole block: before any barrier
+    if constexpr (!kPersistent) {
+      // A tile past its packed sequence: the whole block leaves before any barrier.
+      const Work w(params.problem, params.tiles_x, block_tile(params.problem.block_shift));
+      if (w.m_block * kBlockM >= w.sq.extent) return;
+    }
     const int warp_group = threadIdx.x / 128;
-
+    Barriers& bars = storage.barriers;
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = kKVBytes;
     pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
@@ -191,20 +238,71 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     pipeline_params.is_leader = threadIdx.x == 0;  // the thread that issues the TMA loads
     pipeline_params.num_consumers = kConsumerThreads;
     // Warp 0 initialises the barriers (fenced by the constructor; seen after the block sync).
-    Pipeline pipeline_k(storage.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
-    Pipeline pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_k(bars.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(bars.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     if (threadIdx.x == 0) {
-      storage.barrier_q.init(1);
+      bars.barrier_q.init(1);
+      bars.barrier_q_free.init(kConsumerThreads);
       cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
 
+    if constexpr (!kPersistent) {
+      // One tile per block: the block of the grid's (x, y, z) takes that tile.
+      const Work w(params.problem, params.tiles_x, block_tile(params.problem.block_shift));
+      if (warp_group == 0) {
+        cutlass::arch::warpgroup_reg_dealloc<Registers::kProducerRegs>();
+        if (threadIdx.x == 0) {
+          PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+          load(params, storage, pipeline_k, pipeline_v, w, write);
+        }
+      } else {
+        cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
+        PipelineState read_k, read_v;
+        bars.barrier_q.wait(0);
+        consume(params, storage, pipeline_k, pipeline_v, w, read_k, read_v);
+      }
+      return;
+    }
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Registers::kProducerRegs>();
-      if (threadIdx.x == 0) load(params, storage, pipeline_k, pipeline_v, w);
+      if (threadIdx.x != 0) return;
+      prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+      prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+      prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+      PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+      auto next_tile = [&] { return atomicAdd(params.tile_counter, 1) + int(gridDim.x); };
+      int taken = 0;  // tiles this block has loaded
+      int t = blockIdx.x;
+      while (true) {
+        for (; t < params.total_tiles; t = next_tile()) {  // skips tiles past a sequence
+          const Work w(params, t);
+          if (w.m_block * kBlockM < w.sq.extent) break;
+        }
+        // The consumers have read the previous index and are done with Q's buffer.
+        if (taken > 0) bars.barrier_q_free.wait((taken - 1) & 1);
+        if (t >= params.total_tiles) {
+          bars.tile = -1;
+          bars.barrier_q.arrive();
+          break;
+        }
+        bars.tile = t;
+        load(params, storage, pipeline_k, pipeline_v, Work(params, t), write);
+        ++taken;
+        // Claimed only now, while the consumers still work through the stages in flight: a
+        // tile claimed before this one's loads would be bound to this block a whole tile early,
+        // which unbalances the end of a causal schedule.
+        t = next_tile();
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
-      consume(params, storage, pipeline_k, pipeline_v, w);
+      PipelineState read_k, read_v;
+      for (int taken = 0;; ++taken) {
+        bars.barrier_q.wait(taken & 1);
+        const int t = *static_cast<volatile int*>(&bars.tile);
+        if (t < 0) break;
+        consume(params, storage, pipeline_k, pipeline_v, Work(params, t), read_k, read_v);
+      }
     }
   }
 };
@@ -237,8 +335,13 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
                                                               SharedStorage& storage,
                                                               Pipeline& pipeline_k,
                                                               Pipeline& pipeline_v,
-                                                              const Work& w) {
-  if (w.n_begin >= w.n_end) return;  // no key to see: the consumers write zeros
+                                                              const Work& w,
+                                                              PipelineState& write) {
+  Barriers& bars = storage.barriers;
+  if (w.n_begin >= w.n_end) {  // no key to see: the consumers write zeros
+    bars.barrier_q.arrive();
+    return;
+  }
   const FwdParams& p = params.problem;
   const bool varlen_q = p.seq_q.cu_seqlens != nullptr;
   const bool varlen_k = p.seq_k.cu_seqlens != nullptr;
@@ -266,9 +369,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
 
   // Rows and columns outside the tensor arrive as zeros (TMA's bounds); rows of the next
   // packed sequence arrive as they are and are masked (Note [Hopper forward pipeline]).
-  storage.barrier_q.arrive_and_expect_tx(kQBytes);
-  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.barrier_q), 0), tQgQ, tQsQ);
-  PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+  bars.barrier_q.arrive_and_expect_tx(kQBytes);
+  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(bars.barrier_q), 0), tQgQ, tQsQ);
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
     // Waits until the consumers released the stage, then arms its full barrier with the bytes.
     pipeline_k.producer_acquire(write);
@@ -286,7 +388,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
                                                                  SharedStorage& storage,
                                                                  Pipeline& pipeline_k,
                                                                  Pipeline& pipeline_v,
-                                                                 const Work& w) {
+                                                                 const Work& w,
+                                                                 PipelineState& read_k,
+                                                                 PipelineState& read_v) {
   const FwdParams& p = params.problem;
   const int tid = threadIdx.x - 128;  // among the consumers
   const int m0 = w.m_block * kBlockM;
@@ -344,8 +448,6 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
 
   if (w.n_begin < w.n_end) {
     if (wg == 1) turn_end();  // warp group 0 goes first
-    storage.barrier_q.wait(0);
-    PipelineState read_k, read_v;
     int n = w.n_end - 1;
     pipeline_k.consumer_wait(read_k);
     turn_begin();
@@ -406,11 +508,15 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     if (wg == 0) turn_begin();  // matches warp group 1's first arrive
     warpgroup_wait<0>();
     pipeline_v.consumer_release(read_v);
+    ++read_v;
   }
+  // Q's buffer is free once every GEMM of the tile has run, unless it stages O.
+  if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
 
   float lse[kRows];
   softmax.finish(O, p.softmax_scale, lse);
   epilogue(params, storage, w, tOrO, lse);
+  if constexpr (kPersistent && !kSeparateO) storage.barriers.barrier_q_free.arrive();
 }
 
 template <class ElementTag, int kHeadDim, class Config>
@@ -442,7 +548,11 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
   // O: registers -> shared memory (stmatrix, Q's buffer, this warp group's rows) -> global.
   Tensor tOrOut = make_tensor_like<Element>(tOrO);
   convert_into(tOrOut, tOrO);
-  Tensor sO = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});  // (M, D)
+  Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutQ{});  // (M, D)
+  // The warp group's copy-out of the previous tile has read its rows of the buffer.
+  if constexpr (kSeparateO) {
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
+  }
   auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
   auto thr_copy_o = copy_o.get_thread_slice(tid);
   Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);

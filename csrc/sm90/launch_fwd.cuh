@@ -45,8 +45,13 @@ template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams& p) 
   return Kernel::kSmemBytes <= limit;
 }
 
+// The tile counter of the persistent kernel's dynamic schedule.
+template <class ElementTag, int kHeadDim> size_t fwd_workspace_bytes(const FwdParams&) {
+  return FwdKernelFor<ElementTag, kHeadDim>::kPersistent ? sizeof(int) : 0;
+}
+
 template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
+cudaError_t run_fwd(const FwdParams& p, void* workspace, cudaStream_t stream) {
   using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
   using Element = typename Kernel::Element;
   const unsigned m_tiles = tiles(p.seq_q.seqlen, Kernel::kBlockM);
@@ -76,16 +81,34 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
                     select<1, 2>(typename Kernel::TileShapeQK{}), _1{}),
       mQ.shape(),
       mK.shape(),
-      p};
+      p,
+      /*tiles_x=*/0,
+      /*tiles_y=*/0,
+      /*total_tiles=*/0,
+      /*tile_counter=*/static_cast<int*>(workspace)};
 
-  // The blocks of a (batch, head) read its K and V; at most 2 heads per group (Note [Block
-  // order]).
+  // The tiles of a (batch, head) read its K and V; at most 2 heads per group (Note [Block
+  // order]).  Blocks take them in that order: one per tile, or (kPersistent) one per SM, each
+  // taking its next tile from the counter in the workspace (zeroed here, on the stream).
   const BlockOrder order(m_tiles, p.heads_q, p.batch, p.masked(),
                          2 * int64_t(p.seq_k.seqlen) * p.head_dim * int64_t(sizeof(Element)),
                          /*max_shift=*/1);
   params.problem.block_shift = order.shift;
-  return launch_with_smem(&fwd_kernel<Kernel>, order.grid, Kernel::kThreads, Kernel::kSmemBytes,
-                          stream, params);
+  const int64_t total = int64_t(order.grid.x) * order.grid.y * order.grid.z;
+  if (total >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+  params.tiles_x = int(order.grid.x);
+  params.tiles_y = int(order.grid.y);
+  params.total_tiles = int(total);
+  dim3 grid = order.grid;
+  if constexpr (Kernel::kPersistent) {
+    int sms = 0;
+    cudaError_t err = sm_count(&sms);
+    if (err == cudaSuccess) err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+    grid = dim3(unsigned(std::min<int64_t>(total, sms)));
+  }
+  return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
+                          params);
 }
 
 }  // namespace flash_cuda::sm90

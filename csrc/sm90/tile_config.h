@@ -15,36 +15,55 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // kPingPong: the two consumer warp groups take turns issuing their GEMMs (Note [Hopper
 // forward pipeline]), so that one's softmax runs under the other's wgmma.  Off everywhere: with
 // it (and 2 x 64-row warp groups at head dim 64) the grid's forward lost 1-15% (NOTES entry 44).
+// kPersistent: one block per SM takes tiles in turn from a tile counter (Note [Hopper forward
+// pipeline]), which hides each tile's set-up and epilogue under the next tile's loads; otherwise
+// one block per tile.  Off at head dims 192 and 256: there O is staged in Q's buffer, so the next
+// Q cannot load before the epilogue ends, and the tile loop's registers cost the GEMM loop
+// spills; timed at 256, persistent or not, that code ran 2-9% below the one-tile kernel (NOTES
+// entry 47).
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill 160 / 288 bytes:
 // 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 registers; 89 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = true;
 };
 template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 133 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = true;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = true;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
   static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB; 44 bytes of spill
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = false;
 };
 
-// The register split: setmaxnreg gives the producer warp group kProducerRegs per thread and
-// each consumer warp group the rest of the 64K registers of the SM (in multiples of 8).
+// The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
+// 64K / kThreads registers per thread at launch, in multiples of 8; setmaxnreg only moves that
+// pool between the warp groups (an increase waits for the registers a decrease freed, so a
+// split that asks for more than the pool never proceeds).  The producer warp group keeps
+// kProducerRegs per thread and each consumer warp group the rest, in multiples of 8.
 template <int kConsumerWarpGroups> struct RegisterSplit {
+  static constexpr int kThreads = (kConsumerWarpGroups + 1) * 128;
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = kConsumerWarpGroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegs =
-      (65536 / 128 - kProducerRegs) / kConsumerWarpGroups / 8 * 8;
+      (kLaunchRegs * kThreads / 128 - kProducerRegs) / kConsumerWarpGroups / 8 * 8;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpGroups <=
+                    kLaunchRegs * kThreads,
+                "the split fits the registers the block was launched with");
   static_assert(kConsumerRegs <= 256 && kConsumerRegs >= 128, "setmaxnreg's range");
 };
 
