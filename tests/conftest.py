@@ -58,6 +58,22 @@ def kernel_families():
             and any(runs(t) for t in info["family_info"][name]["targets"])]
 
 
+def skip_unless_built(dtype, head_dim, directions=("fwd", "bwd")):
+    """Skip, naming the knob, where this build holds no kernel for `dtype` at a head dim >= `head_dim`
+    in one of `directions` (a FLASH_CUDA_DTYPES / FLASH_CUDA_HDIMS subset build); a full build
+    holds them all, so there the test runs."""
+    import torch
+    import flash_cuda
+    info = flash_cuda.build_info()
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    if name not in info["dtypes"]:
+        pytest.skip(f"this build has no {name} kernels (FLASH_CUDA_DTYPES)")
+    for direction in directions:
+        if not any(d >= head_dim for d in info["head_dims"].get(direction, [])):
+            pytest.skip(f"this build has no {direction} kernel for head dim {head_dim} "
+                        "(FLASH_CUDA_HDIMS)")
+
+
 def pytest_generate_tests(metafunc):
     if "kernel_family" in metafunc.fixturenames:
         metafunc.parametrize("kernel_family", kernel_families() or ["none"], indirect=True)

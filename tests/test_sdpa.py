@@ -20,6 +20,8 @@ import flash_cuda
 from flash_cuda import sdpa
 from flash_cuda.reference import attention_forward_reference
 
+from conftest import skip_unless_built
+
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 
@@ -266,6 +268,7 @@ def _sdpa_case(dtype, d, heads, causal, seqlen=257):
 @pytest.mark.parametrize("d,heads", [(64, (8, 2)), (128, (4, 4)), (72, (4, 1))])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sdpa_runs_flash_cuda_on_cuda(dtype, d, heads, causal, compiled):
+    skip_unless_built(dtype, d)
     q, k, v, run, sdpa_call, ref32, ref_lowp = _sdpa_case(dtype, d, heads, causal)
 
     if compiled:
