@@ -10,6 +10,7 @@ import torch.nn.attention as _attention
 
 from flash_cuda._ops import build_info
 from flash_cuda.interface import (
+    flash_attn_combine,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
@@ -46,6 +47,7 @@ __all__ = [
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
     "flash_attn_with_kvcache",
+    "flash_attn_combine",
     "build_info",
     "__version__",
 ]

@@ -436,7 +436,7 @@ def _check_like(name: str, t: torch.Tensor, q: torch.Tensor, rank: int, heads: i
 def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                      cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                      max_seqlen_q, rotary_seqlens, softmax_scale, window_left,
-                     window_right) -> int:
+                     window_right, out) -> int:
     """The rules of torch.ops.flash_cuda.fwd_kvcache; returns the batch size."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_is_tensor(name, t)
@@ -515,6 +515,58 @@ def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         if rotary_dim % 16 != 0 or not 0 < rotary_dim <= q.shape[-1]:
             raise ValueError(f"the rotary dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be "
                              f"a multiple of 16 between 16 and the head dim {q.shape[-1]}.")
+    check_is_tensor("out", out)
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must have q's shape {_shape(q)}, dtype "
+                         f"({_dtype_name(q.dtype)}) and device ({q.device}); got shape "
+                         f"{_shape(out)}, {_dtype_name(out.dtype)} on {out.device}.")
+    if out.numel() > 0 and out.stride(-1) != 1:
+        raise ValueError(f"out must have a contiguous last dimension; got stride "
+                         f"{out.stride(-1)}.")
     check_window(window_left, window_right)
     check_scale_value(softmax_scale)
     return batch
+
+
+# ---- the combine op -------------------------------------------------------------------------------
+
+MAX_SPLITS = 256
+COMBINE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_combine_op(out_partial, lse_partial, out) -> None:
+    """The rules of torch.ops.flash_cuda.combine: out_partial (splits, batch, seqlen, heads, d)
+    or packed (splits, total_q, heads, d), float32; lse_partial its shape without d, float32;
+    out out_partial's shape without the splits, float32, float16 or bfloat16."""
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial), ("out", out)):
+        check_is_tensor(name, t)
+    if out_partial.device.type not in DEVICE_TYPES:
+        raise ValueError(f"out_partial is on {out_partial.device}; flash_cuda runs on CUDA "
+                         f"devices and on the CPU.")
+    if lse_partial.device != out_partial.device or out.device != out_partial.device:
+        raise ValueError(f"out_partial, lse_partial and out must be on one device; got "
+                         f"{out_partial.device}, {lse_partial.device} and {out.device}.")
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32 (the split kernels' partial results); "
+                             f"got {_dtype_name(t.dtype)}.")
+    if out_partial.dim() not in (4, 5):
+        raise ValueError(f"out_partial must be 5-D (splits, batch, seqlen, heads, head_dim) or "
+                         f"4-D (splits, total_q, heads, head_dim); got shape "
+                         f"{_shape(out_partial)}.")
+    if not 1 <= out_partial.shape[0] <= MAX_SPLITS:
+        raise ValueError(f"out_partial must hold between 1 and {MAX_SPLITS} splits in "
+                         f"dimension 0; got {out_partial.shape[0]}.")
+    if lse_partial.shape != out_partial.shape[:-1]:
+        raise ValueError(f"lse_partial must have out_partial's shape without its last "
+                         f"dimension, {_shape(out_partial)[:-1]}; got {_shape(lse_partial)}.")
+    if out.shape != out_partial.shape[1:]:
+        raise ValueError(f"out must have out_partial's shape without the splits, "
+                         f"{_shape(out_partial)[1:]}; got {_shape(out)}.")
+    if out.dtype not in COMBINE_OUT_DTYPES:
+        raise ValueError(f"out must be float32, float16 or bfloat16; got "
+                         f"{_dtype_name(out.dtype)}.")
+    for name, t in (("out_partial", out_partial), ("out", out)):
+        if t.numel() > 0 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension; got stride "
+                             f"{t.stride(-1)}.")

@@ -30,11 +30,12 @@ except ImportError as exc:  # the extension is the only source of the op schemas
 
 from flash_cuda import _checks, reference, reference_kvcache
 
-__all__ = ["fwd", "bwd", "fwd_kvcache", "build_info"]
+__all__ = ["fwd", "bwd", "fwd_kvcache", "combine", "build_info"]
 
 fwd = torch.ops.flash_cuda.fwd.default
 bwd = torch.ops.flash_cuda.bwd.default
 fwd_kvcache = torch.ops.flash_cuda.fwd_kvcache.default
+combine = torch.ops.flash_cuda.combine.default
 _BUILD_INFO = _C.build_info()
 # Read once here: the API consults it on every call, also while torch.compile traces, where a
 # call into the extension would break the graph.
@@ -115,6 +116,7 @@ class _KvcacheArgs(NamedTuple):
     window_right: int
     rotary_interleaved: bool
     num_splits: int
+    out: torch.Tensor
 
 
 def _checked_kvcache_args(args) -> _KvcacheArgs:
@@ -123,7 +125,8 @@ def _checked_kvcache_args(args) -> _KvcacheArgs:
     _checks.check_kvcache_op(a.q, a.k_cache, a.v_cache, a.k, a.v, a.rotary_cos, a.rotary_sin,
                              a.cache_seqlens, a.cache_batch_idx, a.cache_leftpad, a.page_table,
                              a.cu_seqlens_q, a.cu_seqlens_k_new, a.max_seqlen_q,
-                             a.rotary_seqlens, a.softmax_scale, a.window_left, a.window_right)
+                             a.rotary_seqlens, a.softmax_scale, a.window_left, a.window_right,
+                             a.out)
     return a
 
 
@@ -131,18 +134,19 @@ def _checked_kvcache_args(args) -> _KvcacheArgs:
 def _fwd_kvcache_cpu(*args):
     a = _checked_kvcache_args(args)
     # num_splits changes no result: the reference never splits.
-    return reference_kvcache.kvcache_forward_reference(
+    out, lse = reference_kvcache.kvcache_forward_reference(
         a.q, a.k_cache, a.v_cache, a.k, a.v, a.rotary_cos, a.rotary_sin, a.cache_seqlens,
         a.cache_batch_idx, a.cache_leftpad, a.page_table, a.cu_seqlens_q, a.cu_seqlens_k_new,
         a.rotary_seqlens, softmax_scale=a.softmax_scale, causal=a.causal,
         window_size=(a.window_left, a.window_right), rotary_interleaved=a.rotary_interleaved)
+    a.out.copy_(out)
+    return lse
 
 
 @torch.library.register_fake("flash_cuda::fwd_kvcache")
 def _fwd_kvcache_fake(*args):
     a = _checked_kvcache_args(args)
-    lse = a.q.new_empty(_checks.lse_shape(a.q, a.cu_seqlens_q is not None), dtype=torch.float32)
-    return torch.empty_like(a.q), lse
+    return a.q.new_empty(_checks.lse_shape(a.q, a.cu_seqlens_q is not None), dtype=torch.float32)
 
 
 def _fwd_kvcache_cuda(*args):
@@ -153,6 +157,27 @@ def _fwd_kvcache_cuda(*args):
 
 
 torch.library.register_kernel("flash_cuda::fwd_kvcache", "cuda", _fwd_kvcache_cuda)
+
+
+# ---- combine ----------------------------------------------------------------------------------
+
+def _combine(out_partial, lse_partial, out):
+    """The merge in PyTorch ops (no host sync, so also on CUDA, where there is no fused combine
+    kernel yet): each split weighs exp(lse_s - lse), a split with lse -inf nothing."""
+    _checks.check_combine_op(out_partial, lse_partial, out)
+    merged, lse = reference_kvcache.combine_reference(out_partial, lse_partial, out.dtype)
+    out.copy_(merged)
+    return lse
+
+
+torch.library.register_kernel("flash_cuda::combine", "cpu", _combine)
+torch.library.register_kernel("flash_cuda::combine", "cuda", _combine)
+
+
+@torch.library.register_fake("flash_cuda::combine")
+def _combine_fake(out_partial, lse_partial, out):
+    _checks.check_combine_op(out_partial, lse_partial, out)
+    return lse_partial.new_empty(lse_partial.shape[1:])
 
 
 # ---- autograd --------------------------------------------------------------------------------

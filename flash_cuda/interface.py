@@ -44,6 +44,7 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "flash_attn_combine",
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
 ]
@@ -219,7 +220,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
                             rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
-                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False, *, out=None):
     """Attention over a KV cache, forward only (FlashAttention-3's signature and semantics:
     flash_cuda/reference_kvcache.py states them in full).
 
@@ -230,7 +231,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     rotary embedding of them and of q when rotary_cos / rotary_sin are given. cache_batch_idx
     picks cache rows, cache_leftpad skips rows at the start of each, cu_seqlens_q /
     cu_seqlens_k_new pack q and the new keys. Returns out like q, or (out, softmax_lse) with
-    return_softmax_lse=True.
+    return_softmax_lse=True; out (keyword only, q's shape, dtype and device, contiguous last
+    dimension) is written in place and returned when given.
 
     In this version it runs on CPU tensors (the plain-PyTorch reference); CUDA tensors raise
     NotImplementedError. qv, the descales, attention_chunk, softcap and scheduler_metadata are
@@ -254,8 +256,39 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                    dtype=torch.int32, device=q.device)
     if max_seqlen_q is not None:
         max_seqlen_q = _checks.as_int("max_seqlen_q", max_seqlen_q)
-    out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
-                                cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
-                                scale, causal, left, right, interleaved, int(num_splits))
+    _checks.check_optional_tensor("out", out)
+    if out is None:
+        out = torch.empty_like(q) if q.stride(-1) == 1 else torch.empty(
+            q.shape, dtype=q.dtype, device=q.device)
+    lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
+                           cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, scale, causal, left,
+                           right, interleaved, int(num_splits), out)
     return (out, lse) if return_lse else out
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """Merges the results of attention over splits of the keys (FlashAttention-3's signature).
+
+    out_partial (num_splits, batch, seqlen, heads, d), or packed (num_splits, total_q, heads, d),
+    float32: each split's attention output, normalised over its own keys. lse_partial: its
+    shape without d, float32: each split's log-sum-exp (-inf where a row saw none of the split's
+    keys; such a split then weighs nothing, whatever out_partial holds there). Returns
+    (out, softmax_lse): out (batch, seqlen, heads, d) in out_dtype (default float32), written
+    into `out` when given, and the merged log-sum-exp (batch, seqlen, heads) float32. A row no
+    split saw gets out 0 and lse -inf; one split gives out_partial[0] exactly.
+
+    The merge runs as PyTorch operations on the inputs' device (no fused kernel yet).
+    """
+    _checks.check_is_tensor("out_partial", out_partial)
+    _checks.check_optional_tensor("out", out)
+    if out_dtype is not None and out_dtype not in _checks.COMBINE_OUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.float32, torch.float16 or torch.bfloat16 "
+                         f"(or None for float32); got {out_dtype!r}.")
+    if out is None:
+        out = out_partial.new_empty(out_partial.shape[1:], dtype=out_dtype or torch.float32)
+    elif out_dtype is not None and out.dtype != out_dtype:
+        raise ValueError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}: pass one "
+                         f"or make them agree.")
+    lse = _ops.combine(out_partial, lse_partial, out)
+    return out, lse

@@ -56,6 +56,20 @@ def test_int_cache_seqlens_and_defaults():
     torch.testing.assert_close(out, want[0], atol=0, rtol=0)
 
 
+def test_out_is_written_in_place():
+    q, k_cache, v_cache, k, v, _, _ = case(seqlen_q=2, n_new=2)
+    want = flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, cache_seqlens=5)
+    out = torch.full_like(q, float("nan"))
+    got, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=5, out=out,
+                                       return_softmax_lse=True)
+    assert got is out and lse.shape == (B, HQ, 2)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    for bad, match in ((torch.empty(B, 2, HQ, D + 8), "out must have q's shape"),
+                       (torch.empty(B, 2, HQ, 2 * D)[..., ::2], "contiguous last dimension")):
+        with pytest.raises(ValueError, match=match):
+            flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=5, out=bad)
+
+
 @pytest.mark.parametrize("name, value", [("qv", "tensor"), ("q_descale", "tensor"),
                                          ("softcap", 1.0), ("attention_chunk", 8),
                                          ("scheduler_metadata", "tensor")])
@@ -96,7 +110,7 @@ def test_op_rules_name_the_argument(change, match):
 def _op_args(q, k_cache, v_cache, k, v, cos, sin):
     lengths = torch.tensor([3, 9], dtype=torch.int32)
     return (q, k_cache, v_cache, k, v, cos, sin, lengths, None, None, None, None, None, None,
-            None, D ** -0.5, True, -1, -1, True, 0)
+            None, D ** -0.5, True, -1, -1, True, 0, torch.empty_like(q))
 
 
 def test_opcheck_declares_the_cache_mutation():

@@ -117,14 +117,18 @@ TORCH_LIBRARY(flash_cuda, m) {
       "int window_left, int window_right, bool deterministic) "
       "-> (Tensor dq, Tensor dk, Tensor dv)");
   // Attention over a KV cache (flash_attn_with_kvcache), forward only.  k_cache and v_cache are
-  // written in place when k and v are given, so the schema declares them mutated.
+  // written in place when k and v are given, and out always (the API allocates it unless the
+  // caller passes one), so the schema declares them mutated; it returns the rows' lse.
   m.def(
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
       "Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, "
       "Tensor? cache_leftpad, Tensor? page_table, Tensor? cu_seqlens_q, "
       "Tensor? cu_seqlens_k_new, SymInt? max_seqlen_q, Tensor? rotary_seqlens, "
       "float softmax_scale, bool causal, int window_left, int window_right, "
-      "bool rotary_interleaved, int num_splits) -> (Tensor out, Tensor softmax_lse)");
+      "bool rotary_interleaved, int num_splits, Tensor(c!) out) -> Tensor softmax_lse");
+  // Merges split-KV partial results (flash_attn_combine) into `out`, written in place;
+  // returns the rows' lse.  Its implementations are flash_cuda/_ops.py's, on every device.
+  m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out) -> Tensor softmax_lse");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
