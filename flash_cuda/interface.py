@@ -130,7 +130,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0,
                            return_attn_probs=False, *, dropout_p=0.0, alibi_slopes=None,
-                           block_table=None, s_aux=None, learnable_sink=None):
+                           page_table=None, block_table=None, s_aux=None, learnable_sink=None,
+                           out=None):
     """Attention over packed variable-length sequences.
 
     q (total_q, heads_q, d), k/v (total_k, heads_kv, d); sequence b owns rows
@@ -141,12 +142,35 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     others get out 0, lse -inf and zero gradients. Returns out like q, or (out, softmax_lse)
     with softmax_lse float32 (heads_q, total_q). Masks, defaults and unsupported arguments are
     as in flash_attn_func; on CPU the reference runs (correct, not fast).
+
+    The inference call shape (forward only): cu_seqlens_k=None with seqused_k (int32, (batch,))
+    over a cache, k / v (batch, seqlen_cache, heads_kv, d), or paged (num_pages, page_size,
+    heads_kv, d) with page_table (batch, pages per sequence) int32 (block_table is another name
+    for it); sequence b sees the first seqused_k[b] keys of its cache row. It is
+    flash_attn_with_kvcache without new keys (max_seqlen_k is then not needed), and like it
+    runs on CPU tensors only for now. out (keyword only, q's shape and dtype) is written in place
+    and returned; it is accepted in the inference call shape only.
     """
+    if block_table is not None:
+        if page_table is not None and page_table is not block_table:
+            raise ValueError("page_table and block_table are two names for one argument: pass "
+                             "one of them.")
+        page_table = block_table
+    if cu_seqlens_k is None or page_table is not None:
+        return _varlen_over_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q,
+                                  seqused_k, page_table, softmax_scale, causal, window_size,
+                                  qv, q_descale, k_descale, v_descale, attention_chunk, softcap,
+                                  num_splits, pack_gqa, sm_margin, return_attn_probs, dropout_p,
+                                  alibi_slopes, s_aux, learnable_sink, out)
+    if out is not None:
+        raise NotImplementedError("flash_attn_varlen_func: out= is supported in the inference "
+                                  "call shape only (cu_seqlens_k=None with seqused_k over a "
+                                  "cache); pass out=None.")
     scale, causal, left, right, deterministic, return_lse = _options(
         q, k, v, softmax_scale, causal, window_size, deterministic, return_attn_probs,
         num_splits, pack_gqa, sm_margin, varlen=True)
     _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
-                  alibi_slopes, s_aux, learnable_sink, block_table)
+                  alibi_slopes, s_aux, learnable_sink)
     _checks.check_is_tensor("cu_seqlens_q", cu_seqlens_q)
     _checks.check_is_tensor("cu_seqlens_k", cu_seqlens_k)
     _checks.check_optional_tensor("seqused_q", seqused_q)
@@ -156,6 +180,37 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                     max_seqlen_k, scale, causal, left, right, deterministic)
     return (out, lse) if return_lse else out
+
+
+def _varlen_over_cache(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q,
+                       seqused_k, page_table, softmax_scale, causal, window_size, qv, q_descale,
+                       k_descale, v_descale, attention_chunk, softcap, num_splits, pack_gqa,
+                       sm_margin, return_attn_probs, dropout_p, alibi_slopes, s_aux,
+                       learnable_sink, out):
+    """flash_attn_varlen_func's inference call shape, through the KV-cache op."""
+    _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, dropout_p,
+                  alibi_slopes, s_aux, learnable_sink)
+    if cu_seqlens_k is not None:
+        raise ValueError("page_table (block_table) addresses keys through pages of a cache: "
+                         "pass cu_seqlens_k=None and each sequence's key count in seqused_k.")
+    if seqused_k is None:
+        raise ValueError("with cu_seqlens_k=None, k and v are a cache and seqused_k (int32, "
+                         "(batch,)) gives each sequence's key count: pass it.")
+    if seqused_q is not None:
+        raise NotImplementedError("flash_attn_varlen_func: seqused_q is not supported with "
+                                  "cu_seqlens_k=None (the inference call shape); pass None.")
+    for name, t in (("q", q), ("k", k_cache), ("v", v_cache)):
+        _checks.check_is_tensor(name, t)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise NotImplementedError("flash_attn_varlen_func over a cache (cu_seqlens_k=None) is "
+                                  "forward only: call it under torch.no_grad() or with inputs "
+                                  "that do not require grad.")
+    _checks.check_is_tensor("cu_seqlens_q", cu_seqlens_q)
+    return flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqused_k, page_table=page_table,
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale,
+        causal=causal, window_size=window_size, num_splits=num_splits, pack_gqa=pack_gqa,
+        sm_margin=sm_margin, return_softmax_lse=return_attn_probs, out=out)
 
 
 def _split_qkv(qkv, num_heads_q):

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_attn  # noqa: E402
@@ -76,3 +77,57 @@ def test_a_backend_that_fails_while_timed_leaves_a_gap_not_a_crash(monkeypatch):
 
 def test_default_timer_takes_turns():
     assert bench_attn.parse_args([]).timer == "interleaved"
+
+
+# ---- bench_decode.py -----------------------------------------------------------------------------
+
+import bench_decode  # noqa: E402
+
+
+@pytest.mark.parametrize("argv", [["--layouts", "dense,0"], ["--layouts", "pages"],
+                                  ["--heads", "32/7"], ["--hdims", "100"],
+                                  ["--batches", "1"], ["--backends", "nope"],
+                                  ["--batches", "0", "--caches", "8"]])
+def test_decode_bad_arguments_are_rejected_before_the_gpu(argv):
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(argv)
+
+
+def test_decode_points_default_to_the_targets_and_take_a_product():
+    args = bench_decode.parse_args([])
+    assert bench_decode.points(args) == [(b, 1, k) for b, k in bench_decode.TARGET_POINTS]
+    args = bench_decode.parse_args(["--batches", "1,4", "--caches", "1024,8192", "--prefill",
+                                    "--heads", "32/8,64"])
+    assert bench_decode.points(args)[:4] == [(1, 1, 1024), (1, 1, 8192), (4, 1, 1024),
+                                             (4, 1, 8192)]
+    assert len(bench_decode.points(args)) == 4 + len(bench_decode.PREFILL_CASES)
+    assert args.heads == [(32, 8), (64, 64)]
+
+
+def test_decode_byte_and_flop_counts():
+    # GQA 32/8, head dim 128, bf16, batch 1, 8k keys: 33.5 MB of K and V.
+    assert bench_decode.kv_bytes(1, 8192, 8, 128, 2) == 33_554_432
+    # One new token sees every key; a chunk of n sees the cached keys and a causal triangle.
+    assert bench_decode.prefill_flops(1, 1, 100, 1, 1) == 4 * 100
+    assert bench_decode.prefill_flops(2, 4, 10, 3, 8) == 4 * 2 * 3 * 8 * (4 * 6 + 10)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_decode_paged_cache_holds_the_dense_one(page_size):
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(3, 37, 2, 8, generator=g)
+    table, pages = bench_decode.page_table(3, 37, page_size, g)
+    assert table.dtype == torch.int32 and sorted(table.flatten().tolist()) == list(range(pages))
+    paged = bench_decode.to_paged(dense, table, page_size)
+    for b in range(3):
+        for r in range(37):
+            page = table[b, r // page_size]
+            assert torch.equal(paged[page, r % page_size], dense[b, r])
+
+
+def test_decode_table_ratio_is_against_the_best_peer():
+    row = {"batch": 1, "new": 1, "keys": 8, "heads_q": 32, "heads_kv": 8, "hdim": 128,
+           "layout": "16", "us": {}, "gbs": {"flash_cuda": 3000.0, "sdpa_cudnn": 2000.0,
+                                             "sdpa_flash": 2500.0}}
+    assert bench_decode.best_peer(row) == 2500.0
+    assert bench_decode.format_table([row], ["flash_cuda", "sdpa_cudnn"]).endswith("1.200x")

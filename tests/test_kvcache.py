@@ -145,3 +145,63 @@ def test_cuda_says_it_has_no_kernels_yet():
 
 def test_exported_from_the_package():
     assert "flash_attn_with_kvcache" in flash_cuda.__all__
+
+
+def _paged(cache, page):
+    """cache (B, CAP, heads, d) as pages of `page` rows, handed out in reverse order."""
+    pages = CAP // page
+    table = torch.arange(B * pages - 1, -1, -1, dtype=torch.int32).view(B, pages)
+    paged = torch.empty(B * pages, page, *cache.shape[2:], dtype=cache.dtype)
+    for b in range(B):
+        for p in range(pages):
+            paged[table[b, p]] = cache[b, p * page:(p + 1) * page]
+    return paged, table
+
+
+@pytest.mark.parametrize("layout", ["dense", "page_table", "block_table"])
+def test_varlen_inference_call_shape(layout):
+    """flash_attn_varlen_func(cu_seqlens_k=None, seqused_k=...) over a cache: each sequence
+    attends to the first seqused_k[b] keys of its cache row, bottom-right causal."""
+    from flash_cuda import flash_attn_varlen_func
+    from flash_cuda.reference import attention_forward_reference
+    q, k_cache, v_cache, _, _, _, _ = case(seqlen_q=3)
+    cu_q = torch.tensor([0, 3, 4], dtype=torch.int32)  # 3 query rows, then 1
+    q = q.flatten(0, 1)[:4]
+    used = torch.tensor([20, 7], dtype=torch.int32)
+    want_out, want_lse = [], []
+    for b in range(B):
+        o, lse = attention_forward_reference(
+            q[cu_q[b]:cu_q[b + 1]][None], k_cache[b:b + 1, :used[b]],
+            v_cache[b:b + 1, :used[b]], softmax_scale=D ** -0.5, causal=True)
+        want_out.append(o[0])
+        want_lse.append(lse[0])
+    kwargs = {}
+    if layout != "dense":
+        (k_cache, table), (v_cache, _) = _paged(k_cache, 16), _paged(v_cache, 16)
+        kwargs[layout] = table
+    out = torch.full_like(q, float("nan"))
+    got, lse = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 3, None, seqused_k=used,
+                                      causal=True, return_attn_probs=True, out=out, **kwargs)
+    assert got is out
+    torch.testing.assert_close(out, torch.cat(want_out), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, torch.cat(want_lse, dim=1), atol=1e-6, rtol=1e-5)
+
+
+def test_varlen_inference_call_shape_rules():
+    from flash_cuda import flash_attn_varlen_func
+    q, k_cache, v_cache, _, _, _, _ = case()
+    q = q.flatten(0, 1)
+    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
+    used = torch.tensor([4, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="seqused_k .* gives each sequence's key count"):
+        flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 1, None)
+    with pytest.raises(NotImplementedError, match="seqused_q"):
+        flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 1, None, seqused_q=used,
+                               seqused_k=used)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        flash_attn_varlen_func(q.requires_grad_(), k_cache, v_cache, cu_q, None, 1, None,
+                               seqused_k=used)
+    with pytest.raises(ValueError, match="two names for one argument"):
+        flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 1, None, seqused_k=used,
+                               page_table=torch.zeros(B, 3, dtype=torch.int32),
+                               block_table=torch.zeros(B, 3, dtype=torch.int32))
