@@ -499,6 +499,13 @@ def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx selects rows of a dense cache; with a page_table "
                              "the table maps sequences to pages: pass one or the other.")
+    if k_cache.shape[0] == 0 and batch > 0:
+        raise ValueError(f"k_cache has no {'pages' if page_table is not None else 'rows'} in "
+                         f"dimension 0; the batch has {batch} sequences.")
+    if page_table is None and cache_batch_idx is None and k_cache.shape[0] < batch:
+        raise ValueError(f"k_cache holds {k_cache.shape[0]} cache rows in dimension 0 for a "
+                         f"batch of {batch} sequences: pass cache_batch_idx to pick rows, or a "
+                         f"cache with at least {batch} rows.")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin go together: pass both or neither.")
     if rotary_cos is not None:
@@ -511,6 +518,8 @@ def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                 raise ValueError(f"{name} must be 2-D (positions, rotary_dim / 2), of "
                                  f"rotary_cos's shape, on q's device; got shape {_shape(t)} on "
                                  f"{t.device}.")
+        if rotary_cos.shape[0] == 0:
+            raise ValueError("rotary_cos / rotary_sin must hold at least one position (row).")
         rotary_dim = 2 * rotary_cos.shape[1]
         if rotary_dim % 16 != 0 or not 0 < rotary_dim <= q.shape[-1]:
             raise ValueError(f"the rotary dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be "

@@ -87,6 +87,8 @@ def test_not_implemented_arguments_name_themselves(name, value):
     (dict(rotary_dim=8), "rotary dim"),
     (dict(cache_dtype=torch.float16), "k_cache must have q's dtype"),
     (dict(cache_seqlens=None), "cache_seqlens .* is required"),
+    (dict(cache_rows=1), "pass cache_batch_idx to pick rows"),
+    (dict(cache_rows=0), "k_cache has no rows"),
 ])
 def test_op_rules_name_the_argument(change, match):
     q, k_cache, v_cache, k, v, cos, sin = case()
@@ -101,6 +103,8 @@ def test_op_rules_name_the_argument(change, match):
                     rotary_sin=sin[:, :change["rotary_dim"] // 2])
     if "cache_dtype" in change:
         k_cache = k_cache.to(change["cache_dtype"])
+    if "cache_rows" in change:
+        k_cache, v_cache = k_cache[:change["cache_rows"]], v_cache[:change["cache_rows"]]
     if "cache_seqlens" in change:
         args["cache_seqlens"] = change["cache_seqlens"]
     with pytest.raises(ValueError, match=match):
