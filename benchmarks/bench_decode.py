@@ -5,6 +5,7 @@ Each backend is called directly in its own layout, the inputs built outside the 
 - flash_cuda: flash_attn_with_kvcache over a dense (batch, seqlen_cache, heads_kv, d) cache or
   a paged one (num_pages, page_size, heads_kv, d) whose page table hands the pages out in a
   random order;
+- flash_cuda_fwd (dense layout only): flash_attn_func with the cache as K and V;
 - sdpa_cudnn / sdpa_flash: scaled_dot_product_attention on the dense equivalent in SDPA's own
   layout, a (batch, heads_kv, seqlen, d) cache (enable_gqa=True; where a backend refuses it, K
   and V are repeated to the query heads outside the timing, which the notes say);
@@ -41,7 +42,7 @@ import bench_attn  # noqa: E402  (the timer, the environment record, error lines
 TARGET_POINTS = ((1, 8192), (1, 32768), (1, 131072), (4, 8192), (16, 8192), (64, 4096),
                  (128, 2048))
 PREFILL_CASES = ((1, 512, 8192), (1, 2048, 8192), (1, 2048, 32768), (4, 512, 32768))
-BACKENDS = ("flash_cuda", "sdpa_cudnn", "sdpa_flash", "fa4_cute")
+BACKENDS = ("flash_cuda", "flash_cuda_fwd", "sdpa_cudnn", "sdpa_flash", "fa4_cute")
 COPY_BYTES = 1 << 30
 
 
@@ -119,6 +120,12 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
         from flash_cuda import flash_attn_with_kvcache
         attempt("flash_cuda", lambda: flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, causal=True))
+    if "flash_cuda_fwd" in backends and table is None:
+        # The ordinary forward over the dense cache as K and V (no split of the keys): what a
+        # caller without the KV-cache API gets.
+        from flash_cuda import flash_attn_func
+        k_used, v_used = k_dense, v_dense
+        attempt("flash_cuda_fwd", lambda: flash_attn_func(q, k_used, v_used, causal=True))
     if "fa4_cute" in backends and table is not None:
         try:
             from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
@@ -271,7 +278,7 @@ def _label(row):
 
 
 def best_peer(row):
-    peers = {n: v for n, v in row["gbs"].items() if n != "flash_cuda"}
+    peers = {n: v for n, v in row["gbs"].items() if not n.startswith("flash_cuda")}
     return max(peers.values()) if peers else None
 
 

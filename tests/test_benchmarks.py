@@ -128,6 +128,6 @@ def test_decode_paged_cache_holds_the_dense_one(page_size):
 def test_decode_table_ratio_is_against_the_best_peer():
     row = {"batch": 1, "new": 1, "keys": 8, "heads_q": 32, "heads_kv": 8, "hdim": 128,
            "layout": "16", "us": {}, "gbs": {"flash_cuda": 3000.0, "sdpa_cudnn": 2000.0,
-                                             "sdpa_flash": 2500.0}}
-    assert bench_decode.best_peer(row) == 2500.0
+                                             "sdpa_flash": 2500.0, "flash_cuda_fwd": 9e3}}
+    assert bench_decode.best_peer(row) == 2500.0  # flash_cuda's own paths are not peers
     assert bench_decode.format_table([row], ["flash_cuda", "sdpa_cudnn"]).endswith("1.200x")
