@@ -30,15 +30,8 @@ def test_api_appends_rotates_and_attends(paged):
                                      causal=True)
     kwargs = {}
     if paged:  # pages of 16 rows in reverse order
-        pages = CAP // 16
-        table = torch.arange(B * pages - 1, -1, -1, dtype=torch.int32).view(B, pages)
-        paged_k = torch.empty(B * pages, 16, HK, D)
-        paged_v = torch.empty_like(paged_k)
-        for b in range(B):
-            for p in range(pages):
-                paged_k[table[b, p]] = k_cache[b, p * 16:(p + 1) * 16]
-                paged_v[table[b, p]] = v_cache[b, p * 16:(p + 1) * 16]
-        k_cache, v_cache, kwargs = paged_k, paged_v, {"page_table": table}
+        (k_cache, table), (v_cache, _) = _paged(k_cache, 16), _paged(v_cache, 16)
+        kwargs = {"page_table": table}
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos,
                                        rotary_sin=sin, cache_seqlens=lengths, causal=True,
                                        return_softmax_lse=True, **kwargs)
