@@ -26,6 +26,20 @@ struct SeqlenInfo {
     // seqused is clamped to the sequence (the CPU reference rejects values outside it).
     len = args.seqused != nullptr ? max(0, min(args.seqused[batch_idx], extent)) : extent;
   }
+
+  // The keys of sequence b of a KV cache (common/params.h, KvCacheArgs): its rows from leftpad
+  // through the new ones, counted from the leftpad row (offset 0), clamped to the capacity.
+  __device__ __forceinline__ SeqlenInfo(const KvCacheArgs& kv, int batch_idx) {
+    const int new_rows = kv.cu_seqlens_new != nullptr
+                             ? kv.cu_seqlens_new[batch_idx + 1] - kv.cu_seqlens_new[batch_idx]
+                             : kv.new_rows;
+    const int cached = kv.cache_seqlens != nullptr ? kv.cache_seqlens[batch_idx] : kv.capacity;
+    const int end = min(max(cached + max(new_rows, 0), 0), kv.capacity);
+    const int pad = kv.leftpad != nullptr ? min(max(kv.leftpad[batch_idx], 0), end) : 0;
+    offset = pad;
+    extent = end - pad;
+    len = extent;
+  }
 };
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -17,9 +17,12 @@
 
 namespace flash_cuda::sm80 {
 
-template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
+// kKvcache: attention over a KV cache (Note [KV-cache forward]); otherwise over dense or packed
+// K and V, as the fwd op.
+template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false> struct FwdKernel {
   using Element = typename DeviceType<ElementTag>::type;
   using Config = Config_;
+  static constexpr bool kKvcache = kKvcache_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
@@ -313,19 +316,35 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static __device__ void epilogue(const FwdParams& p, SharedStorage& smem,
                                   float (&o)[kMTiles][kDTiles][4], RowState& st,
                                   const SeqlenInfo& sq, int m0, int head, int batch);
+  static __device__ void epilogue_split(const FwdParams& p, SharedStorage& smem,
+                                        float (&o)[kMTiles][kDTiles][4], RowState& st,
+                                        const SeqlenInfo& sq, int m0, int head, int batch,
+                                        int split);
 };
 
-template <class ElementTag, int kHeadDim, class Config>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
-                                                             SharedStorage& smem) {
+// Note [KV-cache forward]
+// The kvcache kernels (kKvcache) are this kernel with three differences, each a runtime choice
+// inside the one instantiation per (dtype, head dim):
+// - keys: sequence b's keys are cache rows [leftpad, cache_seqlens + new rows) (SeqlenInfo's
+//   KvCacheArgs constructor), in cache row batch_idx[b] of a dense cache, read as the dense
+//   kernel reads K, or in the pages of a paged one, where each thread finds the page of each
+//   row it copies (load_rows_async);
+// - splits: grid z is batch x num_splits; with num_splits > 1 split s takes the s-th share of
+//   the key tiles the block's rows see and writes float32 partials (epilogue_split) for the
+//   combine kernel; a split with no key tile writes out 0 and lse -inf;
+// - nothing else: the mask is the whole sequence's, and GQA packing (a group's query heads as
+//   the rows of one tile) is the launcher's view of q, out and lse.
+template <class ElementTag, int kHeadDim, class Config, bool kKvcache_>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const FwdParams& p,
+                                                                        SharedStorage& smem) {
   // Rank 0 is the last query tile: with a causal mask it sees the most keys (with a window
   // bounded only on the left, the fewest).
   const BlockTile tile = block_tile(p.block_shift);
   const int m_block = int(gridDim.x >> p.block_shift) - 1 - tile.rank;
   const int head = tile.head;
-  const int batch = tile.batch;
+  const int batch = kKvcache ? tile.batch / p.split.num_splits : tile.batch;
   const SeqlenInfo sq(p.seq_q, batch);
-  const SeqlenInfo sk(p.seq_k, batch);
+  const SeqlenInfo sk = kKvcache ? SeqlenInfo(p.kv, batch) : SeqlenInfo(p.seq_k, batch);
   const int m0 = m_block * kBlockM;
   if (m0 >= sq.extent) return;
   const int head_kv = head / (p.heads_q / p.heads_kv);
@@ -338,13 +357,51 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
   const MaskInfo mask(sq.len, sk.len, p.window_left, p.window_right);
   int n_begin, n_end;
   mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+  int split = 0;
+  if constexpr (kKvcache) {
+    // This split's share of the visible key tiles (Note [KV-cache forward]).
+    const int splits = p.split.num_splits;
+    split = tile.batch % splits;
+    const int share = (max(n_end - n_begin, 0) + splits - 1) / splits;
+    n_begin += split * share;
+    n_end = min(n_end, n_begin + share);
+  }
 
+  // A dense cache's row for this sequence (the dense kernel's: the batch element).
+  int kv_batch = batch;
+  if constexpr (kKvcache) {
+    if (p.kv.batch_idx != nullptr) {
+      kv_batch = min(max(p.kv.batch_idx[batch], 0), p.kv.cache_dim0 - 1);
+    }
+  }
   const Element* gq = static_cast<const Element*>(p.q.ptr) + batch * p.q.batch_stride +
                       int64_t(sq.offset + m0) * p.q.row_stride + head * p.q.head_stride;
-  const Element* gk = static_cast<const Element*>(p.k.ptr) + batch * p.k.batch_stride +
+  const Element* gk = static_cast<const Element*>(p.k.ptr) + kv_batch * p.k.batch_stride +
                       int64_t(sk.offset) * p.k.row_stride + head_kv * p.k.head_stride;
-  const Element* gv = static_cast<const Element*>(p.v.ptr) + batch * p.v.batch_stride +
+  const Element* gv = static_cast<const Element*>(p.v.ptr) + kv_batch * p.v.batch_stride +
                       int64_t(sk.offset) * p.v.row_stride + head_kv * p.v.head_stride;
+  // The kvcache kernels' load of key tile n0 / kBlockN of K (or V) into shared memory (the
+  // dense kernel's calls stay as they were: its code is unchanged).  Paged: row r of the tile
+  // is the sequence's row sk.offset + n0 + r, in the page the table names.
+  auto load_keys = [&](Element* dst, const Element* g, const TensorRef& t, int n0) {
+    if constexpr (kKvcache) {
+      if (p.kv.page_table != nullptr) {
+        const Element* base = static_cast<const Element*>(t.ptr) + head_kv * t.head_stride;
+        const int* pages = p.kv.page_table + int64_t(batch) * p.kv.pages_per_seq;
+        const int page_size = p.kv.page_size;
+        auto row_ptr = [&](int r) {
+          const int row = sk.offset + n0 + r;
+          const int page = min(max(pages[row / page_size], 0), p.kv.cache_dim0 - 1);
+          return base + int64_t(page) * t.batch_stride + int64_t(row % page_size) * t.row_stride;
+        };
+        load_rows_async<kBlockN, kHeadDim, kThreads, Rows>(dst, row_ptr, sk.len - n0,
+                                                           p.head_dim, base);
+        return;
+      }
+    }
+    load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(dst, g + int64_t(n0) * t.row_stride,
+                                                       t.row_stride, sk.len - n0, p.head_dim);
+  };
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
 
   float o[kMTiles][kDTiles][4];
@@ -363,16 +420,24 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
                                                        p.head_dim);
     // Key tiles run last to first so the first one visited is the partially masked diagonal.
     int n = n_end - 1;
-    load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
-        smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride, p.k.row_stride, sk.len - n * kBlockN,
-        p.head_dim);
+    if constexpr (kKvcache) {
+      load_keys(smem.k, gk, p.k, n * kBlockN);
+    } else {
+      load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
+          smem.k, gk + int64_t(n) * kBlockN * p.k.row_stride, p.k.row_stride,
+          sk.len - n * kBlockN, p.head_dim);
+    }
     cp_async_commit();
     if constexpr (Config::kPrologueV) {
       // The first V tile too, in its own commit group: the first iteration, which has no
       // earlier P.V to hide a copy behind, then waits for it only after its Q.K^T.
-      load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
-          smem.v, gv + int64_t(n) * kBlockN * p.v.row_stride, p.v.row_stride, sk.len - n * kBlockN,
-          p.head_dim);
+      if constexpr (kKvcache) {
+        load_keys(smem.v, gv, p.v, n * kBlockN);
+      } else {
+        load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
+            smem.v, gv + int64_t(n) * kBlockN * p.v.row_stride, p.v.row_stride,
+            sk.len - n * kBlockN, p.head_dim);
+      }
       cp_async_commit();
     }
     for (; n >= n_begin; --n) {
@@ -386,8 +451,13 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
       }
       __syncthreads();
       if (!v_loaded) {
-        load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
-            smem.v, gv + int64_t(n0) * p.v.row_stride, p.v.row_stride, sk.len - n0, p.head_dim);
+        if constexpr (kKvcache) {
+          load_keys(smem.v, gv, p.v, n0);
+        } else {
+          load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
+              smem.v, gv + int64_t(n0) * p.v.row_stride, p.v.row_stride, sk.len - n0,
+              p.head_dim);
+        }
         cp_async_commit();
       }
 
@@ -409,9 +479,13 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
       cp_async_wait<0>();
       __syncthreads();
       if (n > n_begin) {
-        load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
-            smem.k, gk + int64_t(n0 - kBlockN) * p.k.row_stride, p.k.row_stride,
-            sk.len - (n0 - kBlockN), p.head_dim);
+        if constexpr (kKvcache) {
+          load_keys(smem.k, gk, p.k, n0 - kBlockN);
+        } else {
+          load_tile_async<kBlockN, kHeadDim, kThreads, Rows>(
+              smem.k, gk + int64_t(n0 - kBlockN) * p.k.row_stride, p.k.row_stride,
+              sk.len - (n0 - kBlockN), p.head_dim);
+        }
         cp_async_commit();
       }
       if constexpr (kWarpsN > 1)
@@ -435,13 +509,19 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::run(const FwdParams& p,
       }
     }
   }
+  if constexpr (kKvcache) {
+    if (p.split.num_splits > 1) {
+      epilogue_split(p, smem, o, st, sq, m0, head, batch, split);
+      return;
+    }
+  }
   epilogue(p, smem, o, st, sq, m0, head, batch);
 }
 
 // Normalises O by the row sums, writes lse, and stores O through shared memory so that global
 // writes are whole 16-byte chunks.  Rows that saw no key get O = 0 and lse = -inf.
-template <class ElementTag, int kHeadDim, class Config>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
+template <class ElementTag, int kHeadDim, class Config, bool kKvcache_>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::epilogue(
     const FwdParams& p, SharedStorage& smem, float (&o)[kMTiles][kDTiles][4], RowState& st,
     const SeqlenInfo& sq, int m0, int head, int batch) {
   const int warp = threadIdx.x / 32;
@@ -524,6 +604,58 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(
           *reinterpret_cast<const uint4*>(so + Rows::offset(row, col));
     }
   }
+}
+
+// Split-KV (Note [KV-cache forward]): this split's O, normalised over its own keys, and its
+// lse, float32 and straight from registers (the rows are few; no staging).  Rows that saw none
+// of the split's keys get O = 0 and lse = -inf, which the combine weighs as nothing.
+template <class ElementTag, int kHeadDim, class Config, bool kKvcache_>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::epilogue_split(
+    const FwdParams& p, SharedStorage& smem, float (&o)[kMTiles][kDTiles][4], RowState& st,
+    const SeqlenInfo& sq, int m0, int head, int batch, int split) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warp_n = warp % kWarpsN;
+  const int warp_row0 = warp / kWarpsN * kWarpRows;
+  const int dim0 = warp_n * kWarpDims;
+  float sum[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) sum[mt][r] = quad_sum(st.sum[mt][r]);
+  if constexpr (kWarpsN > 1) {  // each warp's sums cover its keys only
+    share_rows(smem.sum[warp_n], sum, warp_row0, lane);
+    pair_barrier(warp / kWarpsN);
+    combine_rows(sum, smem.sum[warp_n ^ 1], warp_row0, lane,
+                 [](float a, float b) { return a + b; });
+  }
+  const SplitArgs& sp = p.split;
+  float* go = sp.o + split * sp.o_split_stride + batch * sp.o_batch_stride +
+              head * sp.o_head_stride;
+  float* gl = sp.lse + split * sp.lse_split_stride + batch * sp.lse_batch_stride +
+              head * sp.lse_head_stride;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp_row0 + mt * 16 + lane / 4 + r * 8;
+      if (m0 + row >= sq.extent) continue;
+      const int64_t packed_row = sq.offset + m0 + row;
+      const float inv = sum[mt][r] > 0.f ? 1.f / sum[mt][r] : 0.f;
+      if (lane % 4 == 0 && warp_n == 0) {
+        gl[packed_row * sp.lse_row_stride] =
+            sum[mt][r] > 0.f ? st.max[mt][r] * p.softmax_scale + logf(sum[mt][r]) : -INFINITY;
+      }
+      float* dst = go + packed_row * sp.o_row_stride;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dim0 + dt * 8 + (lane % 4) * 2;
+        if (col < p.head_dim) {
+          *reinterpret_cast<float2*>(dst + col) =
+              make_float2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        }
+      }
+    }
 }
 
 template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)

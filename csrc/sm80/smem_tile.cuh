@@ -77,4 +77,27 @@ __device__ __forceinline__ void load_tile_async(Element* smem, const Element* gm
   }
 }
 
+// The same for a tile whose rows lie anywhere (the pages of a KV cache): row r starts at
+// row_ptr(r), for r < rows_valid only.  Each thread computes the addresses of its own rows.
+template <int kRows, int kCols, int kThreads, class Rows = CopyRows<kCols>, class Element,
+          class RowPtr>
+__device__ __forceinline__ void load_rows_async(Element* smem, const RowPtr& row_ptr,
+                                                int rows_valid, int cols_valid,
+                                                const Element* any_valid) {
+  constexpr int kChunksPerRow = kCols / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kCols % 8 == 0, "tiles are copied in 16-byte chunks of 8 elements");
+#pragma unroll
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+    const int chunk = threadIdx.x + i * kThreads;
+    if (kChunks % kThreads != 0 && chunk >= kChunks) break;
+    const int row = chunk / kChunksPerRow;
+    const int col = (chunk % kChunksPerRow) * 8;
+    const bool valid = row < rows_valid && col < cols_valid;
+    // An invalid chunk reads nothing from `any_valid`, an address inside the tensor.
+    const Element* src = valid ? row_ptr(row) + col : any_valid;
+    cp_async_16(smem + Rows::offset(row, col), src, valid);
+  }
+}
+
 }  // namespace flash_cuda::sm80

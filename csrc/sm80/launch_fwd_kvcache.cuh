@@ -1,0 +1,239 @@
+// Host-side launch of the portable attention over a KV cache (Note [KV-cache forward] in
+// sm80/fwd_kernel.cuh) for one (dtype, head dim), and the kernels around it: the append of the
+// new keys (common/append_kv.cuh), q's rotation, the split count, the GQA packing of a decode
+// step, the partials and their combine (common/combine.cuh).  The workspace holds the rotated
+// q, then the partials.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/append_kv.cuh"
+#include "common/combine.cuh"
+#include "common/launch.cuh"
+#include "common/launch_api.h"
+#include "common/tile_order.cuh"
+#include "sm80/fwd_kernel.cuh"
+
+namespace flash_cuda::sm80 {
+
+template <class ElementTag, int kHeadDim>
+using KvcacheKernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>, true>;
+template <class ElementTag, int kHeadDim>
+using KvcacheKernelSmall = FwdKernel<ElementTag, kHeadDim, FwdTileConfigSmall<kHeadDim>, true>;
+
+// A decode step (one query row per sequence, no left window) packs a GQA group's query heads
+// as the rows of one tile: q, out and lse seen as (batch, group rows, heads_kv), which needs
+// lse's rows of one head to be adjacent (head stride 1: seqlen_q = 1).  With one query row the
+// causal / right-window bound excludes no key, so the packed view has no mask.
+inline bool packs_gqa(const FwdParams& p) {
+  return p.seq_q.cu_seqlens == nullptr && p.seq_q.seqlen == 1 && p.heads_q > p.heads_kv &&
+         p.window_left < 0 && p.lse.head_stride == 1;
+}
+
+inline FwdParams packed_view(const FwdParams& p) {
+  if (!packs_gqa(p)) return p;
+  const int group = p.heads_q / p.heads_kv;
+  FwdParams v = p;
+  for (TensorRef* t : {&v.q, &v.o}) {
+    t->row_stride = t->head_stride;
+    t->head_stride *= group;
+  }
+  v.lse.head_stride = group;  // rows of a head are the group's heads, 1 apart
+  v.seq_q.seqlen = group;
+  v.heads_q = p.heads_kv;
+  v.window_right = -1;
+  return v;
+}
+
+// Splits of the keys: the forced count, or enough blocks for every SM, each split keeping at
+// least 2 key tiles of the cache's capacity (the lengths themselves are on the GPU).
+template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
+  if (p.split.num_splits > 0) return std::min(p.split.num_splits, kCombineMaxSplits);
+  const FwdParams v = packed_view(p);
+  const int64_t blocks =
+      int64_t(tiles(v.seq_q.seqlen, Kernel::kBlockM)) * v.heads_q * std::max(v.batch, 1);
+  const int key_tiles = tiles(p.kv.capacity, Kernel::kBlockN);
+  if (blocks >= sms || key_tiles < 4) return 1;
+  const int wanted = int((sms + blocks - 1) / blocks);
+  return std::max(1, std::min({wanted, key_tiles / 2, kCombineMaxSplits}));
+}
+
+// The partials of num_splits > 1: float32 O (splits, batch, seqlen_q, heads_q, head_dim) and
+// lse (splits, batch, seqlen_q, heads_q), dense rows; a varlen q is one batch of total rows.
+inline int64_t kvcache_partial_rows(const FwdParams& p) {
+  return p.seq_q.cu_seqlens != nullptr ? int64_t(p.seq_q.total_rows)
+                                       : int64_t(p.batch) * p.seq_q.seqlen;
+}
+
+// The workspace: the rotated q (when rotary), then the partials, each 256-byte aligned.
+struct KvcacheWorkspace {
+  size_t q_bytes = 0, partial_bytes = 0;
+  size_t total() const { return q_bytes + partial_bytes; }
+};
+
+template <class ElementTag, int kHeadDim>
+KvcacheWorkspace kvcache_workspace(const KvcacheParams& kp, int splits) {
+  const FwdParams& p = kp.fwd;
+  auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
+  KvcacheWorkspace w;
+  const int64_t rows = kvcache_partial_rows(p);
+  if (kp.rotary.cos != nullptr) {
+    w.q_bytes = round_up(size_t(rows) * p.heads_q * p.head_dim *
+                         sizeof(typename KvcacheKernel<ElementTag, kHeadDim>::Element));
+  }
+  if (splits > 1) {
+    w.partial_bytes = round_up(size_t(splits) * rows * p.heads_q * (size_t(p.head_dim) + 1) *
+                               sizeof(float));
+  }
+  return w;
+}
+
+template <class ElementTag, int kHeadDim>
+size_t fwd_kvcache_workspace_bytes(const KvcacheParams& kp) {
+  int sms = 0;
+  if (sm_count(&sms) != cudaSuccess) return 0;  // the launch reports the broken device
+  const int splits = kvcache_splits<KvcacheKernel<ElementTag, kHeadDim>>(kp.fwd, sms);
+  return kvcache_workspace<ElementTag, kHeadDim>(kp, splits).total();
+}
+
+template <class ElementTag, int kHeadDim> bool fwd_kvcache_supports(const KvcacheParams&) {
+  return true;
+}
+
+template <class Kernel>
+cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
+                           cudaStream_t stream) {
+  FwdParams p = params;
+  p.split.num_splits = splits;
+  if (splits > 1) {
+    // Partials as (split, row, head, dim) over the problem's own rows and heads, then the
+    // packed view's strides over them (a packed row is a head of the group).
+    const int64_t rows = kvcache_partial_rows(params);
+    const int64_t seqlen = params.seq_q.cu_seqlens != nullptr ? rows : params.seq_q.seqlen;
+    SplitArgs& s = p.split;
+    s.o = static_cast<float*>(workspace);
+    s.o_head_stride = params.head_dim;
+    s.o_row_stride = int64_t(params.heads_q) * params.head_dim;
+    s.o_batch_stride = params.seq_q.cu_seqlens != nullptr ? 0 : seqlen * s.o_row_stride;
+    s.o_split_stride = rows * s.o_row_stride;
+    s.lse = s.o + splits * s.o_split_stride;
+    s.lse_head_stride = 1;
+    s.lse_row_stride = params.heads_q;
+    s.lse_batch_stride = params.seq_q.cu_seqlens != nullptr ? 0 : seqlen * s.lse_row_stride;
+    s.lse_split_stride = rows * s.lse_row_stride;
+  }
+  FwdParams v = packed_view(p);
+  if (packs_gqa(p) && splits > 1) {
+    const int group = p.heads_q / p.heads_kv;
+    v.split.o_row_stride = p.split.o_head_stride;
+    v.split.o_head_stride = p.split.o_head_stride * group;
+    v.split.lse_row_stride = p.split.lse_head_stride;
+    v.split.lse_head_stride = p.split.lse_head_stride * group;
+  }
+  v.block_shift = 0;
+  const dim3 grid(tiles(v.seq_q.seqlen, Kernel::kBlockM), v.heads_q, v.batch * splits);
+  cudaError_t err = launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads,
+                                     Kernel::kSmemBytes, stream, v);
+  if (err != cudaSuccess || splits <= 1) return err;
+  CombineArgs c;
+  c.split = p.split;
+  c.o = p.o;
+  c.lse = p.lse;
+  c.rows = int(kvcache_partial_rows(p));
+  c.seqlen_q = p.seq_q.cu_seqlens != nullptr ? c.rows : p.seq_q.seqlen;
+  c.heads = p.heads_q;
+  c.head_dim = p.head_dim;
+  const int64_t items = int64_t(c.rows) * c.heads;
+  const unsigned blocks = unsigned((items + kCombineWarps - 1) / kCombineWarps);
+  using Element = typename Kernel::Element;
+  combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
+  return cudaGetLastError();
+}
+
+// Appends the new keys and values, then rotates q into `q_out` (when rotary).
+template <class Element>
+cudaError_t append_and_rotate(const KvcacheParams& kp, Element* q_out, cudaStream_t stream) {
+  const FwdParams& p = kp.fwd;
+  if (kp.k_new.ptr != nullptr) {
+    AppendArgs a;
+    a.k_new = kp.k_new;
+    a.v_new = kp.v_new;
+    a.k_cache = p.k;
+    a.v_cache = p.v;
+    a.kv = p.kv;
+    a.rotary = kp.rotary;
+    a.heads_kv = p.heads_kv;
+    a.head_dim = p.head_dim;
+    a.batch = p.batch;
+    // The most new rows of a sequence: dense, new_rows; packed, at most all of them.
+    const int most = p.kv.cu_seqlens_new != nullptr ? kp.k_new_total_rows : p.kv.new_rows;
+    if (most > 0) {
+      const dim3 grid((most + kAppendWarps - 1) / kAppendWarps, p.heads_kv, p.batch);
+      append_kv_kernel<Element><<<grid, kAppendWarps * 32, 0, stream>>>(a);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
+  if (q_out == nullptr) return cudaSuccess;
+  RotateQArgs r;
+  r.q = p.q;
+  r.q_out = p.q;
+  r.q_out.ptr = q_out;
+  const int64_t rows = kvcache_partial_rows(p);
+  r.q_out.head_stride = p.head_dim;
+  r.q_out.row_stride = int64_t(p.heads_q) * p.head_dim;
+  r.q_out.batch_stride = p.seq_q.cu_seqlens != nullptr ? 0 : p.seq_q.seqlen * r.q_out.row_stride;
+  r.seq_q = p.seq_q;
+  r.kv = p.kv;
+  r.rotary = kp.rotary;
+  r.heads = p.heads_q;
+  r.head_dim = p.head_dim;
+  const int most = p.seq_q.seqlen;  // dense: the seqlen; packed: max_seqlen_q
+  if (rows == 0 || most == 0) return cudaSuccess;
+  const dim3 grid((most + kAppendWarps - 1) / kAppendWarps, p.heads_q, p.batch);
+  rotate_q_kernel<Element><<<grid, kAppendWarps * 32, 0, stream>>>(r);
+  return cudaGetLastError();
+}
+
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream_t stream) {
+  using Kernel = KvcacheKernel<ElementTag, kHeadDim>;
+  using Element = typename Kernel::Element;
+  const FwdParams& params = kp.fwd;
+  int sms = 0;
+  cudaError_t err = sm_count(&sms);
+  if (err != cudaSuccess) return err;
+  const int splits = kvcache_splits<Kernel>(params, sms);
+  const KvcacheWorkspace w = kvcache_workspace<ElementTag, kHeadDim>(kp, splits);
+  char* base = static_cast<char*>(workspace);
+  Element* q_rot = w.q_bytes > 0 ? reinterpret_cast<Element*>(base) : nullptr;
+  err = append_and_rotate<Element>(kp, q_rot, stream);
+  if (err != cudaSuccess) return err;
+  if (params.batch == 0 || params.heads_q == 0 || kvcache_partial_rows(params) == 0) {
+    return cudaSuccess;
+  }
+  if (int64_t(params.batch) * splits > 65535) return cudaErrorInvalidConfiguration;
+  FwdParams p = params;
+  if (q_rot != nullptr) {  // attention reads the rotated q, laid out (rows, heads, head_dim)
+    p.q.ptr = q_rot;
+    p.q.head_stride = p.head_dim;
+    p.q.row_stride = int64_t(p.heads_q) * p.head_dim;
+    p.q.batch_stride = p.seq_q.cu_seqlens != nullptr ? 0 : p.seq_q.seqlen * p.q.row_stride;
+  }
+  void* partials = base + w.q_bytes;
+  if constexpr (Kernel::Config::kHasSmallTile) {
+    using Small = KvcacheKernelSmall<ElementTag, kHeadDim>;
+    int smem_limit = 0;
+    err = max_smem_per_block(&smem_limit);
+    if (err != cudaSuccess) return err;
+    if (smem_limit < Kernel::kSmemBytes) {
+      return launch_kvcache<Small>(p, partials, splits, stream);
+    }
+  }
+  return launch_kvcache<Kernel>(p, partials, splits, stream);
+}
+
+}  // namespace flash_cuda::sm80
