@@ -7,6 +7,7 @@ torch that is installed.  Knobs (environment):
   FLASH_CUDA_HDIMS            compiled head dims, e.g. "64;128" (default: all of csrc/manifest.py)
   FLASH_CUDA_DTYPES           "bf16;fp16" (default both)
   FLASH_CUDA_DISABLE_BACKWARD 1 to leave the backward kernels out
+  FLASH_CUDA_DISABLE_KVCACHE  1 to leave the KV-cache kernels out
   FLASH_CUDA_DISABLE_CUDA     1 to build only the op layer (CPU reference, fake kernels); also
                               chosen when no nvcc is found or torch has no CUDA
   FLASH_CUDA_PTXAS_VERBOSE    1 to print registers / spills of every kernel
@@ -166,7 +167,8 @@ def extension_and_cmdclass():
             f"{list(head_dims)}, dtypes {list(dtypes)}, directions {list(directions)}")
         generated = manifest.generate(os.path.join(ROOT, "csrc", "generated"), archs, selected)
         kernel_sources = [os.path.relpath(p, ROOT) for paths in generated.values() for p in paths]
-        sources = registration + ["csrc/ops/attention_cuda.cpp", "csrc/dispatch/dispatch.cpp",
+        sources = registration + ["csrc/ops/attention_cuda.cpp", "csrc/ops/kvcache_cuda.cpp",
+                                  "csrc/dispatch/dispatch.cpp",
                                   "csrc/sm80/bwd_preprocess.cu"] + kernel_sources
         portable = manifest.PORTABLE_FAMILY
         gencode = {f: manifest.gencode_flags(f, fa) for f, (fa, _) in selected.items()}

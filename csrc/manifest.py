@@ -1,7 +1,7 @@
 """The one declaration of which kernels flash_cuda compiles, and the generator that expands it.
 
 setup.py filters the manifest with the build knobs (FLASH_CUDA_ARCHS or TORCH_CUDA_ARCH_LIST,
-FLASH_CUDA_HDIMS, FLASH_CUDA_DTYPES, FLASH_CUDA_DISABLE_BACKWARD) and calls `generate()`, which
+FLASH_CUDA_HDIMS, FLASH_CUDA_DTYPES, FLASH_CUDA_DISABLE_BACKWARD, FLASH_CUDA_DISABLE_KVCACHE) and calls `generate()`, which
 writes one small translation unit per kernel, the dispatch tables the C++ dispatcher includes
 (families, forward and backward kernels), and the build-info table that
 `flash_cuda._C.build_info()` reports (and that the tests read).  Nothing
@@ -16,7 +16,9 @@ import os
 HEAD_DIMS = (64, 96, 128, 192, 256)
 # manifest name -> (C++ element tag, dispatch enum)
 DTYPES = {"fp16": ("half_t", "DType::kFloat16"), "bf16": ("bfloat16_t", "DType::kBFloat16")}
-DIRECTIONS = ("fwd", "bwd")
+# Ops with kernels: the forward, the backward, and attention over a KV cache (fwd_kvcache: the
+# append, rotary, split-KV attention and combine of flash_attn_with_kvcache, one launcher).
+DIRECTIONS = ("fwd", "bwd", "fwd_kvcache")
 
 # Kernel families, in preference order: dispatch takes the first compiled one that serves the GPU
 # and supports the problem, and falls back to the portable family (the last) otherwise
@@ -32,7 +34,7 @@ FAMILIES = {
              "directions": ("fwd",)},
     # mma.sync + cp.async: runs on every GPU from Ampere on (later ones through its PTX).
     "sm80": {"min_arch": 80, "max_arch": 1000, "arch_enum": "kSm80", "arch_specific": False,
-             "directions": ("fwd", "bwd")},
+             "directions": ("fwd", "bwd", "fwd_kvcache")},
 }
 PORTABLE_FAMILY = "sm80"
 DEFAULT_ARCHS = (80, 90)
@@ -59,8 +61,8 @@ class Kernel:
 
     @property
     def supports(self):
-        """The function that says whether the kernel takes a problem (the forward's only)."""
-        return self._function("fwd_supports") if self.direction == "fwd" else None
+        """The function that says whether the kernel takes a problem (the forwards' only)."""
+        return self._function(f"{self.direction}_supports") if self.direction != "bwd" else None
 
     @property
     def workspace(self):
@@ -117,9 +119,12 @@ def parse_knobs(env, detected_archs=None):
         if unknown:
             raise ValueError(f"FLASH_CUDA_DTYPES names {sorted(unknown)}; choose among "
                              f"{list(DTYPES)}")
-    directions = DIRECTIONS
-    if env.get("FLASH_CUDA_DISABLE_BACKWARD", "0").strip().lower() not in ("", "0", "false", "no", "off"):
-        directions = ("fwd",)
+    def disabled(knob):
+        return env.get(knob, "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+    directions = tuple(d for d in DIRECTIONS
+                       if not (d == "bwd" and disabled("FLASH_CUDA_DISABLE_BACKWARD"))
+                       and not (d == "fwd_kvcache" and disabled("FLASH_CUDA_DISABLE_KVCACHE")))
     return archs, head_dims, dtypes, directions
 
 
@@ -166,10 +171,11 @@ def _kernel_source(kernel):
     lines = ["// Generated from csrc/manifest.py: one instantiation per translation unit so that",
              "// kernels compile in parallel.",
              f'#include "{kernel.family}/launch_{kernel.direction}.cuh"', ""]
-    if kernel.direction == "fwd":
-        lines.append(f"template bool {kernel.supports}(const flash_cuda::FwdParams&);")
-        lines.append(f"template size_t {kernel.workspace}(const flash_cuda::FwdParams&);")
-        lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::FwdParams&, "
+    if kernel.direction != "bwd":
+        params = {"fwd": "FwdParams", "fwd_kvcache": "KvcacheParams"}[kernel.direction]
+        lines.append(f"template bool {kernel.supports}(const flash_cuda::{params}&);")
+        lines.append(f"template size_t {kernel.workspace}(const flash_cuda::{params}&);")
+        lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::{params}&, "
                      f"void*, cudaStream_t);")
     else:
         lines.append(f"template size_t {kernel.workspace}(const flash_cuda::BwdParams&);")
@@ -191,6 +197,9 @@ def _table_sources(selected):
            "// FLASH_CUDA_FWD_KERNEL(family, dtype, head_dim, supports, workspace_bytes, run)"]
     bwd = [head + "the backward kernels.",
            "// FLASH_CUDA_BWD_KERNEL(family, dtype, head_dim, workspace_bytes, run)"]
+    kvcache = [head + "the KV-cache kernels.",
+               "// FLASH_CUDA_FWD_KVCACHE_KERNEL(family, dtype, head_dim, supports, "
+               "workspace_bytes, run)"]
     for family, (archs, kernels) in selected.items():
         info = FAMILIES[family]
         families.append(f'FLASH_CUDA_FAMILY({info["arch_enum"]}, "{family}", {info["min_arch"]}, '
@@ -201,10 +210,13 @@ def _table_sources(selected):
             if k.direction == "fwd":
                 fwd.append(f"FLASH_CUDA_FWD_KERNEL({key}, ({k.supports}), ({k.workspace}), "
                            f"({k.launcher}))")
+            elif k.direction == "fwd_kvcache":
+                kvcache.append(f"FLASH_CUDA_FWD_KVCACHE_KERNEL({key}, ({k.supports}), "
+                               f"({k.workspace}), ({k.launcher}))")
             else:
                 bwd.append(f"FLASH_CUDA_BWD_KERNEL({key}, ({k.workspace}), ({k.launcher}))")
     return {"family_table.inc": families, "fwd_kernel_table.inc": fwd,
-            "bwd_kernel_table.inc": bwd}
+            "bwd_kernel_table.inc": bwd, "fwd_kvcache_kernel_table.inc": kvcache}
 
 
 def _build_info_source(archs, selected):

@@ -151,9 +151,11 @@ def _fwd_kvcache_fake(*args):
 
 def _fwd_kvcache_cuda(*args):
     _checked_kvcache_args(args)
-    raise NotImplementedError(
-        "flash_cuda has no CUDA kernels for attention over a KV cache yet: in this version "
-        "flash_attn_with_kvcache runs on CPU tensors only (the plain-PyTorch reference).")
+    if not HAS_CUDA_KERNELS:
+        raise NotImplementedError(
+            "flash_cuda was built without CUDA kernels (FLASH_CUDA_DISABLE_CUDA=1 or no CUDA "
+            "toolkit): flash_attn_with_kvcache runs on CPU tensors only in this build.")
+    return torch.ops.flash_cuda._fwd_kvcache_cuda.default(*args)
 
 
 torch.library.register_kernel("flash_cuda::fwd_kvcache", "cuda", _fwd_kvcache_cuda)

@@ -8,7 +8,8 @@ def test_defaults_cover_the_whole_manifest(manifest):
     archs, hdims, dtypes, directions = manifest.parse_knobs({})
     assert archs == sorted(manifest.DEFAULT_ARCHS)
     assert hdims == manifest.HEAD_DIMS
-    assert set(dtypes) == set(manifest.DTYPES) and directions == ("fwd", "bwd")
+    assert set(dtypes) == set(manifest.DTYPES)
+    assert directions == ("fwd", "bwd", "fwd_kvcache")
 
 
 def test_detected_gpu_sets_the_default_arch(manifest):
@@ -20,10 +21,13 @@ def test_knobs_filter(manifest):
            "FLASH_CUDA_DISABLE_BACKWARD": "1"}
     archs, hdims, dtypes, directions = manifest.parse_knobs(env)
     assert archs == [80, 90] and hdims == (64, 128)
-    assert dtypes == ("bf16",) and directions == ("fwd",)
+    assert dtypes == ("bf16",) and directions == ("fwd", "fwd_kvcache")
     selected = manifest.select(archs, hdims, dtypes, directions)
     names = sorted(k.name for k in selected["sm80"][1])
-    assert names == ["fwd_sm80_bf16_hdim128", "fwd_sm80_bf16_hdim64"]
+    assert names == ["fwd_kvcache_sm80_bf16_hdim128", "fwd_kvcache_sm80_bf16_hdim64",
+                     "fwd_sm80_bf16_hdim128", "fwd_sm80_bf16_hdim64"]
+    env["FLASH_CUDA_DISABLE_KVCACHE"] = "1"
+    assert manifest.parse_knobs(env)[3] == ("fwd",)
     assert sorted(k.name for k in selected["sm90"][1]) == ["fwd_sm90_bf16_hdim128",
                                                            "fwd_sm90_bf16_hdim64"]
 

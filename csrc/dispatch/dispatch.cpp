@@ -42,6 +42,9 @@ const std::vector<Family>& families() {
                      FwdLauncher{supports, workspace_bytes, run}},
 #define FLASH_CUDA_BWD_KERNEL(family, dtype, hdim, workspace_bytes, run) \
   Entry<BwdLauncher>{ArchFamily::family, DType::dtype, hdim, BwdLauncher{workspace_bytes, run}},
+#define FLASH_CUDA_FWD_KVCACHE_KERNEL(family, dtype, hdim, supports, workspace_bytes, run)   \
+  Entry<KvcacheLauncher>{ArchFamily::family, DType::dtype, hdim,                            \
+                         KvcacheLauncher{supports, workspace_bytes, run}},
 
 const std::vector<Entry<FwdLauncher>>& table(FwdLauncher*) {
   static const std::vector<Entry<FwdLauncher>> entries = {
@@ -57,7 +60,16 @@ const std::vector<Entry<BwdLauncher>>& table(BwdLauncher*) {
   return entries;
 }
 
-const char* op_name(Op op) { return op == Op::kFwd ? "fwd" : "bwd"; }
+const std::vector<Entry<KvcacheLauncher>>& table(KvcacheLauncher*) {
+  static const std::vector<Entry<KvcacheLauncher>> entries = {
+#include "generated/fwd_kvcache_kernel_table.inc"
+  };
+  return entries;
+}
+
+const char* op_name(Op op) {
+  return op == Op::kFwd ? "fwd" : op == Op::kBwd ? "bwd" : "fwd_kvcache";
+}
 
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bfloat16" : "float16"; }
 
@@ -131,6 +143,9 @@ bool takes(const FwdLauncher& l, const FwdParams& p) {
   return l.supports == nullptr || l.supports(p);
 }
 bool takes(const BwdLauncher&, const BwdParams&) { return true; }
+bool takes(const KvcacheLauncher& l, const KvcacheParams& p) {
+  return l.supports == nullptr || l.supports(p);
+}
 
 // FLASH_CUDA_FAMILY_STRICT=1 (for tests): the family FLASH_CUDA_FAMILY names must take every
 // problem it holds a kernel for; a decline is an error instead of a quiet fallback.  (An op it
@@ -188,6 +203,9 @@ KernelChoice<FwdLauncher> find_fwd(int sm, DType dtype, const FwdParams& params)
 }
 KernelChoice<BwdLauncher> find_bwd(int sm, DType dtype, const BwdParams& params) {
   return find<BwdLauncher>(Op::kBwd, sm, dtype, params, params.fwd.head_dim);
+}
+KernelChoice<KvcacheLauncher> find_fwd_kvcache(int sm, DType dtype, const KvcacheParams& params) {
+  return find<KvcacheLauncher>(Op::kFwdKvcache, sm, dtype, params, params.fwd.head_dim);
 }
 
 }  // namespace flash_cuda

@@ -12,7 +12,7 @@
 
 namespace flash_cuda {
 
-enum class Op : int { kFwd = 0, kBwd = 1 };
+enum class Op : int { kFwd = 0, kBwd = 1, kFwdKvcache = 2 };
 
 // One op's entry points in a family: what the launcher runs, and what it needs the caller to
 // allocate.
@@ -20,6 +20,11 @@ struct FwdLauncher {
   bool (*supports)(const FwdParams&) = nullptr;  // the whole problem, pointers included
   size_t (*workspace_bytes)(const FwdParams&) = nullptr;
   cudaError_t (*run)(const FwdParams&, void* workspace, cudaStream_t) = nullptr;
+};
+struct KvcacheLauncher {
+  bool (*supports)(const KvcacheParams&) = nullptr;
+  size_t (*workspace_bytes)(const KvcacheParams&) = nullptr;
+  cudaError_t (*run)(const KvcacheParams&, void* workspace, cudaStream_t) = nullptr;
 };
 struct BwdLauncher {
   size_t (*workspace_bytes)(const BwdParams&) = nullptr;
@@ -41,5 +46,6 @@ template <class Launcher> struct KernelChoice {
 // stays the fallback.
 KernelChoice<FwdLauncher> find_fwd(int sm, DType dtype, const FwdParams& params);
 KernelChoice<BwdLauncher> find_bwd(int sm, DType dtype, const BwdParams& params);
+KernelChoice<KvcacheLauncher> find_fwd_kvcache(int sm, DType dtype, const KvcacheParams& params);
 
 }  // namespace flash_cuda

@@ -53,6 +53,7 @@ pybind11::dict build_info() {
   pybind11::set dtypes;
   head_dims["fwd"] = pybind11::list();
   head_dims["bwd"] = pybind11::list();
+  head_dims["fwd_kvcache"] = pybind11::list();
   for (int arch : kArchs) archs.append(arch);
   for (const BuiltKernel& k : kKernels) {
     kernels.append(k.name);
@@ -76,6 +77,7 @@ pybind11::dict build_info() {
   // name -> {"targets": ["sm_90a"], "serves": (min_arch, end_arch), "ops": ["fwd"]}
   info["family_info"] = family_info;
   features["backward"] = pybind11::len(head_dims["bwd"]) > 0;
+  features["kvcache"] = pybind11::len(head_dims["fwd_kvcache"]) > 0;
   features["varlen"] = true;
   features["causal"] = true;
   features["local"] = true;
@@ -126,6 +128,16 @@ TORCH_LIBRARY(flash_cuda, m) {
       "Tensor? cu_seqlens_k_new, SymInt? max_seqlen_q, Tensor? rotary_seqlens, "
       "float softmax_scale, bool causal, int window_left, int window_right, "
       "bool rotary_interleaved, int num_splits, Tensor(c!) out) -> Tensor softmax_lse");
+  // fwd_kvcache's CUDA work once flash_cuda/_ops.py has checked the op rules (internal: call
+  // fwd_kvcache instead).
+  m.def(
+      "_fwd_kvcache_cuda(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
+      "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
+      "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor? page_table, "
+      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k_new, SymInt? max_seqlen_q, "
+      "Tensor? rotary_seqlens, float softmax_scale, bool causal, int window_left, "
+      "int window_right, bool rotary_interleaved, int num_splits, Tensor(c!) out) "
+      "-> Tensor softmax_lse");
   // Merges split-KV partial results (flash_attn_combine) into `out`, written in place;
   // returns the rows' lse.  Its implementations are flash_cuda/_ops.py's, on every device.
   m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out) -> Tensor softmax_lse");

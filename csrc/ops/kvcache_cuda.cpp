@@ -1,0 +1,175 @@
+// The CUDA implementation behind torch.ops.flash_cuda.fwd_kvcache: its CUDA kernel (registered
+// in flash_cuda/_ops.py) checks the op rules of flash_cuda/_checks.py, then calls the internal
+// op _fwd_kvcache_cuda, here: tensors -> KvcacheParams -> dispatch.  What this file checks
+// itself is what keeps a direct call of the internal op from reading out of bounds (dtypes,
+// devices, strides a kernel needs); the rules with messages for users are the Python ones.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <optional>
+
+#include "dispatch/dispatch.h"
+
+namespace flash_cuda {
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+bool rows_aligned(const Tensor& t) {
+  if (t.stride(-1) != 1) return false;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) {
+    if (t.stride(i) % 8 != 0) return false;
+  }
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+const int* index_ptr(const OptTensor& t, const Tensor& q, const char* name) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK_VALUE(t->scalar_type() == at::kInt && t->device() == q.device() &&
+                        t->is_contiguous(),
+                    "_fwd_kvcache_cuda: ", name, " must be a contiguous int32 tensor on q's "
+                    "device");
+  return t->data_ptr<int>();
+}
+
+TensorRef ref4(const Tensor& t, bool packed) {  // (batch, rows, heads, d) or packed (rows, ...)
+  TensorRef r;
+  r.ptr = t.data_ptr();
+  r.batch_stride = packed ? 0 : t.stride(0);
+  r.row_stride = t.stride(-3);
+  r.head_stride = t.stride(-2);
+  return r;
+}
+
+int device_arch(const Tensor& t) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()));
+  return major * 10 + minor;
+}
+
+Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
+                        const OptTensor& k_in, const OptTensor& v_in,
+                        const OptTensor& rotary_cos, const OptTensor& rotary_sin,
+                        const OptTensor& cache_seqlens, const OptTensor& cache_batch_idx,
+                        const OptTensor& cache_leftpad, const OptTensor& page_table_in,
+                        const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k_new,
+                        std::optional<int64_t> max_seqlen_q, const OptTensor& rotary_seqlens,
+                        double softmax_scale, bool causal, int64_t window_left,
+                        int64_t window_right, bool rotary_interleaved, int64_t num_splits,
+                        Tensor& out) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  TORCH_CHECK_VALUE(q_in.scalar_type() == at::kHalf || q_in.scalar_type() == at::kBFloat16,
+                    "_fwd_kvcache_cuda: q must be float16 or bfloat16");
+  for (const Tensor* t : {&k_cache, &v_cache, &out}) {
+    TORCH_CHECK_VALUE(t->scalar_type() == q_in.scalar_type() && t->device() == q_in.device(),
+                      "_fwd_kvcache_cuda: the caches and out must have q's dtype and device");
+  }
+  // The caches are written in place and read in 16-byte chunks: they cannot be copied.
+  TORCH_CHECK_VALUE(rows_aligned(k_cache) && rows_aligned(v_cache) &&
+                        k_cache.strides() == v_cache.strides(),
+                    "flash_attn_with_kvcache on CUDA: k_cache and v_cache must have the same "
+                    "strides, a contiguous last dimension, 16-byte aligned rows (strides "
+                    "multiples of 8 elements) and a 16-byte aligned start");
+  const bool varlen_q = cu_seqlens_q.has_value();
+  const bool paged = page_table_in.has_value();
+  const Tensor q = rows_aligned(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
+  const Tensor o = rows_aligned(out) ? out : at::empty(q.sizes(), q.options());
+  const int64_t batch = varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);
+  const int64_t heads_q = q.size(-2), heads_kv = k_cache.size(2), head_dim = q.size(-1);
+  const int64_t seqlen_q = varlen_q ? max_seqlen_q.value_or(q.size(0)) : q.size(1);
+  Tensor lse = varlen_q
+                   ? at::full({heads_q, q.size(0)}, -std::numeric_limits<float>::infinity(),
+                              q.options().dtype(at::kFloat))
+                   : at::empty({batch, heads_q, q.size(1)}, q.options().dtype(at::kFloat));
+  if (varlen_q) o.zero_();  // packed rows outside every sequence are never visited
+
+  KvcacheParams kp;
+  FwdParams& p = kp.fwd;
+  p.q = ref4(q, varlen_q);
+  p.o = ref4(o, varlen_q);
+  p.lse.ptr = lse.data_ptr<float>();
+  p.lse.batch_stride = varlen_q ? 0 : lse.stride(0);
+  p.lse.head_stride = varlen_q ? lse.stride(0) : lse.stride(1);
+  p.k = ref4(k_cache, false);
+  p.v = ref4(v_cache, false);
+  p.seq_q.cu_seqlens = index_ptr(cu_seqlens_q, q, "cu_seqlens_q");
+  p.seq_q.seqlen = static_cast<int>(seqlen_q);
+  p.seq_q.total_rows = static_cast<int>(varlen_q ? q.size(0) : 0);
+  p.batch = static_cast<int>(batch);
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_kv = static_cast<int>(heads_kv);
+  p.head_dim = static_cast<int>(head_dim);
+  p.softmax_scale = static_cast<float>(softmax_scale);
+  p.window_left = window_left >= 0 ? static_cast<int>(window_left) : -1;
+  p.window_right = causal ? 0 : (window_right >= 0 ? static_cast<int>(window_right) : -1);
+
+  KvCacheArgs& kv = p.kv;
+  kv.cache_seqlens = index_ptr(cache_seqlens, q, "cache_seqlens");
+  kv.cu_seqlens_new = index_ptr(cu_seqlens_k_new, q, "cu_seqlens_k_new");
+  kv.leftpad = index_ptr(cache_leftpad, q, "cache_leftpad");
+  kv.batch_idx = index_ptr(cache_batch_idx, q, "cache_batch_idx");
+  Tensor page_table;
+  if (paged) {
+    page_table = page_table_in->contiguous();
+    kv.page_table = index_ptr(page_table, q, "page_table");
+    kv.pages_per_seq = static_cast<int>(page_table.size(1));
+    kv.page_size = static_cast<int>(k_cache.size(1));
+    kv.capacity = static_cast<int>(page_table.size(1) * k_cache.size(1));
+  } else {
+    kv.capacity = static_cast<int>(k_cache.size(1));
+  }
+  kv.cache_dim0 = static_cast<int>(k_cache.size(0));
+  p.seq_k.seqlen = kv.capacity;
+  p.split.num_splits = static_cast<int>(num_splits);
+
+  Tensor k_new, v_new;
+  if (k_in.has_value()) {
+    const bool packed = cu_seqlens_k_new.has_value();
+    k_new = rows_aligned(*k_in) ? *k_in : k_in->clone(at::MemoryFormat::Contiguous);
+    v_new = rows_aligned(*v_in) ? *v_in : v_in->clone(at::MemoryFormat::Contiguous);
+    kp.k_new = ref4(k_new, packed);
+    kp.v_new = ref4(v_new, packed);
+    kv.new_rows = packed ? 0 : static_cast<int>(k_new.size(1));
+    kp.k_new_total_rows = packed ? static_cast<int>(k_new.size(0)) : 0;
+  }
+  Tensor cos, sin;
+  if (rotary_cos.has_value()) {
+    cos = rotary_cos->to(at::kFloat).contiguous();
+    sin = rotary_sin->to(at::kFloat).contiguous();
+    kp.rotary.cos = cos.data_ptr<float>();
+    kp.rotary.sin = sin.data_ptr<float>();
+    kp.rotary.rows = static_cast<int>(cos.size(0));
+    kp.rotary.rotary_dim = static_cast<int>(2 * cos.size(1));
+    kp.rotary.interleaved = rotary_interleaved;
+    kp.rotary.start = index_ptr(rotary_seqlens, q, "rotary_seqlens");
+    kp.rotary.advance = causal || window_left >= 0 || window_right >= 0;
+  }
+
+  const DType dtype = q.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+  const auto kernel = find_fwd_kvcache(device_arch(q), dtype, kp);
+  TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
+  const size_t bytes = kernel.launcher.workspace_bytes(kp);
+  Tensor workspace;
+  if (bytes > 0) workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  const cudaError_t err = kernel.launcher.run(kp, bytes ? workspace.data_ptr() : nullptr,
+                                              c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "flash_cuda: the KV-cache kernels for head dim ",
+              kernel.head_dim, " failed to launch: ", cudaGetErrorString(err));
+  if (!o.is_same(out)) out.copy_(o);
+  return lse;
+}
+
+}  // namespace
+}  // namespace flash_cuda
+
+TORCH_LIBRARY_IMPL(flash_cuda, CUDA, m) {
+  m.impl("_fwd_kvcache_cuda", &flash_cuda::fwd_kvcache_cuda);
+}

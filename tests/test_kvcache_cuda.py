@@ -1,0 +1,200 @@
+"""flash_attn_with_kvcache on CUDA against the float32 reference of reference_kvcache.py: dense
+and paged caches (pages of 1, 3, 16, 256 rows), append with and without rotary (both layouts),
+cache_batch_idx, cache_leftpad, packed q, causal and windows, GQA, splits 1, 3 and the
+heuristic's; outputs poisoned with the dtype's NaN; the caches' new rows; a decode step captured
+in a CUDA graph and replayed with new cache_seqlens."""
+
+import math
+
+import pytest
+import torch
+
+from flash_cuda.reference_kvcache import kvcache_forward_reference
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                   reason="needs a CUDA device")]
+
+
+def _build():
+    import flash_cuda
+    info = flash_cuda.build_info()
+    dtypes = [dt for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16))
+              if name in info["dtypes"]]
+    return dtypes, sorted(info["head_dims"].get("fwd_kvcache", []))
+
+
+DTYPES, HEAD_DIMS = _build() if torch.cuda.is_available() else ([], [])
+
+
+def poison(t):
+    """t filled with 0x7FFF: a NaN in bfloat16 and float16 alike."""
+    return t.view(torch.int16).fill_(0x7FFF).view(t.dtype) if t.element_size() == 2 else t
+
+
+def max_err(a, b):
+    a, b = a.float(), b.float()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
+    diff = (a - b).abs().masked_fill(both_inf, 0)
+    return diff.nan_to_num(nan=float("inf")).max().item() if diff.numel() else 0.0
+
+
+def check(name, ours, ref, ref_lowp, atol=1e-3):
+    assert not torch.isnan(ours).any(), f"{name} holds NaN (unwritten or bad arithmetic)"
+    err, base = max_err(ours, ref), max_err(ref_lowp, ref)
+    assert err <= 2 * base + atol, f"{name}: error {err:.3e} > 2 x {base:.3e} + {atol:.1e}"
+
+
+def paged(cache, page_size, gen):
+    """The dense (batch, cap, heads, d) cache as pages in a random order, and its table."""
+    batch, cap = cache.shape[:2]
+    per_seq = -(-cap // page_size)
+    order = torch.randperm(batch * per_seq, generator=gen).to(torch.int32).view(batch, per_seq)
+    padded = cache.new_zeros(batch, per_seq * page_size, *cache.shape[2:])
+    padded[:, :cap] = cache
+    pages = cache.new_empty(batch * per_seq, page_size, *cache.shape[2:])
+    pages[order.flatten().long().to(cache.device)] = padded.view(-1, page_size, *cache.shape[2:])
+    return pages, order.to(cache.device)
+
+
+def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0, 17, 280),
+             n_new=1, page_size=None, rotary=None, batch_idx=False, leftpad=False,
+             varlen_q=False, causal=True, window=(-1, -1), num_splits=0, seed=0):
+    from flash_cuda import flash_attn_with_kvcache
+    gen = torch.Generator().manual_seed(seed)
+    hq, hk = heads
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to("cuda", dtype)
+
+    q = randn(batch, seqlen_q, hq, d)
+    cache_rows = batch + 2 if batch_idx else batch
+    k_cache, v_cache = randn(cache_rows, cap, hk, d), randn(cache_rows, cap, hk, d)
+    k = v = None
+    if n_new:
+        k, v = randn(batch, n_new, hk, d), randn(batch, n_new, hk, d)
+    lens = torch.tensor(lengths[:batch], dtype=torch.int32, device="cuda")
+    kwargs = dict(cache_seqlens=lens, causal=causal, window_size=window,
+                  softmax_scale=1 / math.sqrt(d), num_splits=num_splits)
+    if rotary is not None:
+        rd = min(d, 32)
+        angles = torch.rand(cap + 8, rd // 2, generator=gen) * 6.28
+        kwargs.update(rotary_cos=angles.cos().to("cuda", dtype),
+                      rotary_sin=angles.sin().to("cuda", dtype),
+                      rotary_interleaved=rotary == "interleaved")
+    if batch_idx:
+        kwargs["cache_batch_idx"] = torch.randperm(cache_rows, generator=gen)[:batch].to(
+            torch.int32).cuda()
+    if leftpad:
+        kwargs["cache_leftpad"] = torch.minimum(lens, torch.tensor(
+            [3, 0, 5][:batch], dtype=torch.int32, device="cuda"))
+    if varlen_q:
+        q = q.flatten(0, 1)
+        kwargs["cu_seqlens_q"] = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q,
+                                              dtype=torch.int32, device="cuda")
+        kwargs["max_seqlen_q"] = seqlen_q
+    ref_k, ref_v = k_cache.float().cpu(), v_cache.float().cpu()  # the dense reference caches
+    lowp_k, lowp_v = k_cache.cpu(), v_cache.cpu()
+    if page_size is not None:
+        k_cache, table = paged(k_cache, page_size, gen)
+        v_cache = paged_like(table, page_size, v_cache)
+        kwargs["page_table"] = table
+    cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val)
+           for key, val in kwargs.items() if key not in ("num_splits", "page_table")}
+    new_kv = (k.cpu() if k is not None else None, v.cpu() if v is not None else None)
+    want = kvcache_forward_reference(
+        q.cpu().float(), ref_k, ref_v, *(t.float() if t is not None else None for t in new_kv),
+        **{**cpu, **_float_rotary(cpu)})
+    want_lp = kvcache_forward_reference(q.cpu(), lowp_k, lowp_v, *new_kv, upcast=False, **cpu)
+    out = poison(torch.empty_like(q))
+    got, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, out=out,
+                                       return_softmax_lse=True, **kwargs)
+    torch.cuda.synchronize()
+    check("out", got.cpu(), want[0], want_lp[0])
+    check("lse", lse.cpu(), want[1], want_lp[1])
+    if n_new:  # the new rows landed (rotated) where the reference put them
+        for b in range(batch):
+            row = int(lens[b])
+            if page_size is None:
+                c = int(kwargs["cache_batch_idx"][b]) if "cache_batch_idx" in kwargs else b
+                got_k = k_cache[c, row:row + n_new]
+            else:
+                got_k = torch.stack([k_cache[table[b, r // page_size], r % page_size]
+                                     for r in range(row, row + n_new)])
+            c_ref = int(cpu["cache_batch_idx"][b]) if "cache_batch_idx" in cpu else b
+            check(f"k_cache[{b}]", got_k.cpu(), ref_k[c_ref, row:row + n_new],
+                  lowp_k[c_ref, row:row + n_new], atol=2e-2)  # the references wrote them
+
+
+def paged_like(table, page_size, dense):
+    batch, cap = dense.shape[:2]
+    per_seq = table.shape[1]
+    padded = dense.new_zeros(batch, per_seq * page_size, *dense.shape[2:])
+    padded[:, :cap] = dense
+    pages = dense.new_empty(table.numel(), page_size, *dense.shape[2:])
+    pages[table.flatten().long()] = padded.view(-1, page_size, *dense.shape[2:])
+    return pages
+
+
+def _float_rotary(cpu):
+    return {key: cpu[key].float() for key in ("rotary_cos", "rotary_sin") if key in cpu}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+def test_decode_dense(dtype, d, num_splits):
+    run_case(dtype, d, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:1])
+@pytest.mark.parametrize("page_size", [1, 3, 16, 256])
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+def test_decode_paged(dtype, page_size, num_splits):
+    run_case(dtype, HEAD_DIMS[0] if HEAD_DIMS else 64, page_size=page_size,
+             num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:1])
+@pytest.mark.parametrize("case", [
+    dict(rotary="interleaved"), dict(rotary="half"), dict(n_new=0), dict(n_new=5, seqlen_q=5),
+    dict(batch_idx=True), dict(leftpad=True), dict(varlen_q=True, seqlen_q=4),
+    dict(causal=False), dict(window=(16, 0)), dict(window=(7, 3), causal=False),
+    dict(heads=(4, 4)), dict(heads=(8, 1)), dict(seqlen_q=3, n_new=3, page_size=3),
+    dict(rotary="half", page_size=16, num_splits=3, n_new=2, seqlen_q=2),
+])
+def test_semantics(dtype, case):
+    run_case(dtype, HEAD_DIMS[-1] if HEAD_DIMS else 128, **case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:1])
+def test_one_split_combine_is_exact(dtype):
+    """num_splits=1 and a forced split count that leaves all but one split empty agree."""
+    run_case(dtype, HEAD_DIMS[0] if HEAD_DIMS else 64, lengths=(5, 9, 12), num_splits=1)
+    run_case(dtype, HEAD_DIMS[0] if HEAD_DIMS else 64, lengths=(5, 9, 12), num_splits=3)
+
+
+def test_cuda_graph_replays_with_new_lengths():
+    from flash_cuda import flash_attn_with_kvcache
+    if not DTYPES:
+        pytest.skip("no CUDA kernels in this build")
+    dtype, d = DTYPES[0], HEAD_DIMS[0]
+    q = torch.randn(2, 1, 8, d, device="cuda", dtype=dtype)
+    k_cache = torch.randn(2, 512, 2, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([10, 100], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step():
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True, out=out,
+                                num_splits=4)
+
+    step()  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for new in ([37, 400], [1, 511]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
