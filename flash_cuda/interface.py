@@ -289,9 +289,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     return_softmax_lse=True; out (keyword only, q's shape, dtype and device, contiguous last
     dimension) is written in place and returned when given.
 
-    In this version it runs on CPU tensors (the plain-PyTorch reference); CUDA tensors raise
-    NotImplementedError. qv, the descales, attention_chunk, softcap and scheduler_metadata are
-    accepted only at their defaults; num_splits, pack_gqa and sm_margin are hints.
+    CPU tensors run the plain-PyTorch reference; CUDA tensors the build's KV-cache kernels (the
+    caches must have 16-byte aligned rows: they are written in place). num_splits splits the
+    keys across blocks (0: a heuristic from the batch, heads, cache capacity and SM count; the
+    results do not depend on it beyond rounding). qv, the descales, attention_chunk, softcap and
+    scheduler_metadata are accepted only at their defaults; pack_gqa and sm_margin are hints.
     """
     _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, 0.0, None,
                   None, None)

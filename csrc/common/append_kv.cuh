@@ -22,6 +22,7 @@ struct AppendArgs {
   int heads_kv = 0;
   int head_dim = 0;
   int batch = 0;
+  int k_new_total_rows = 0;  // packed: k_new's rows
 };
 
 struct RotateQArgs {
@@ -95,9 +96,14 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
   const int count = kv.cu_seqlens_new != nullptr ? kv.cu_seqlens_new[b + 1] - first
                                                  : kv.new_rows;
   if (i >= count) return;
+  // Packed rows outside k_new (bad cu_seqlens_new) are not read.
+  if (kv.cu_seqlens_new != nullptr && (first < 0 || int64_t(first) + i >= a.k_new_total_rows)) {
+    return;
+  }
   const int cached = kv.cache_seqlens != nullptr ? kv.cache_seqlens[b] : 0;
-  const int row = cached + i;  // the cache row it goes to
-  if (row < 0 || row >= kv.capacity) return;  // past the cache: the attention clamps too
+  const int64_t row64 = int64_t(cached) + i;  // the cache row it goes to
+  if (row64 < 0 || row64 >= kv.capacity) return;  // past the cache: the attention clamps too
+  const int row = int(row64);
   int64_t dst_offset;
   if (kv.page_table != nullptr) {
     const int page = min(max(kv.page_table[int64_t(b) * kv.pages_per_seq + row / kv.page_size],
@@ -107,7 +113,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
   } else {
     const int cache_row = kv.batch_idx != nullptr
                               ? min(max(kv.batch_idx[b], 0), kv.cache_dim0 - 1)
-                              : b;
+                              : min(b, kv.cache_dim0 - 1);
     dst_offset = int64_t(cache_row) * a.k_cache.batch_stride + int64_t(row) * a.k_cache.row_stride;
   }
   const int position = (a.rotary.start != nullptr ? a.rotary.start[b] : cached) + i;

@@ -11,18 +11,18 @@
 
 #include "common/params.h"
 #include "common/ptx.cuh"
+#include "common/seqlen_info.cuh"
 
 namespace flash_cuda {
 
-// What the combine reads and writes.  Rows r < rows of the partials are (batch, query row) of
-// a dense q (rows = batch * seqlen_q) or the packed rows of a varlen one (seqlen_q = rows,
-// batch 1); the output is p.o / p.lse of the forward's FwdParams.
+// What the combine reads and writes: the rows of each sequence of q (seq_q, as the attention
+// saw them; rows outside every sequence keep what the op layer put there), their partials in
+// `split` and their output in o / lse, the forward's FwdParams' layouts.
 struct CombineArgs {
   SplitArgs split;
   TensorRef o;
   RowStatsRef lse;
-  int rows = 0;
-  int seqlen_q = 0;
+  SeqArgs seq_q;
   int heads = 0;
   int head_dim = 0;
 };
@@ -30,18 +30,19 @@ struct CombineArgs {
 constexpr int kCombineMaxSplits = 128;
 constexpr int kCombineWarps = 4;
 
-// One warp per (row, head); lane l holds the lse of splits l, l + 32, ... and 4-float chunks
-// l, l + 32 of O's row.
+// Grid (row blocks over seq_q.seqlen x heads, batch): one warp per (row, head) of a sequence;
+// lane l holds the lse of splits l, l + 32, ... and 4-float chunks l, l + 32 of O's row.
 template <class Element>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const CombineArgs a) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  const int batch = blockIdx.y;
   const int64_t item = int64_t(blockIdx.x) * kCombineWarps + warp;
-  if (item >= int64_t(a.rows) * a.heads) return;
-  const int row = int(item / a.heads);
+  const int row_in_seq = int(item / a.heads);
   const int head = int(item % a.heads);
-  const int batch = row / a.seqlen_q;
-  const int i = row % a.seqlen_q;
+  const SeqlenInfo sq(a.seq_q, batch);
+  if (row_in_seq >= sq.extent) return;
+  const int i = sq.offset + row_in_seq;  // the row in q's (packed) rows
   const SplitArgs& sp = a.split;
   const int splits = sp.num_splits;
   const float* lse_row = sp.lse + batch * sp.lse_batch_stride + i * sp.lse_row_stride +

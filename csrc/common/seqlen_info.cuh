@@ -34,7 +34,8 @@ struct SeqlenInfo {
                              ? kv.cu_seqlens_new[batch_idx + 1] - kv.cu_seqlens_new[batch_idx]
                              : kv.new_rows;
     const int cached = kv.cache_seqlens != nullptr ? kv.cache_seqlens[batch_idx] : kv.capacity;
-    const int end = min(max(cached + max(new_rows, 0), 0), kv.capacity);
+    const int end =
+        int(min(max(int64_t(cached) + max(new_rows, 0), int64_t(0)), int64_t(kv.capacity)));
     const int pad = kv.leftpad != nullptr ? min(max(kv.leftpad[batch_idx], 0), end) : 0;
     offset = pad;
     extent = end - pad;

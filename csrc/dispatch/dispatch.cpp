@@ -191,7 +191,9 @@ KernelChoice<Launcher> find(Op op, int sm, DType dtype, const Params& params, in
                    (available.empty() ? "none" : available) +
                    "); rebuild with FLASH_CUDA_HDIMS including a head dim >= " +
                    std::to_string(head_dim) +
-                   (op == Op::kBwd ? " and without FLASH_CUDA_DISABLE_BACKWARD" : "");
+                   (op == Op::kBwd         ? " and without FLASH_CUDA_DISABLE_BACKWARD"
+                    : op == Op::kFwdKvcache ? " and without FLASH_CUDA_DISABLE_KVCACHE"
+                                            : "");
   }
   return choice;
 }

@@ -80,6 +80,19 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
                     "multiples of 8 elements) and a 16-byte aligned start");
   const bool varlen_q = cu_seqlens_q.has_value();
   const bool paged = page_table_in.has_value();
+  const int64_t batch_size = varlen_q ? cu_seqlens_q->size(0) - 1 : q_in.size(0);
+  TORCH_CHECK_VALUE(batch_size == 0 || (k_cache.size(0) > 0 &&
+                                        (paged || cache_batch_idx.has_value() ||
+                                         k_cache.size(0) >= batch_size)),
+                    "_fwd_kvcache_cuda: k_cache needs a row per sequence (or cache_batch_idx, "
+                    "or pages)");
+  TORCH_CHECK_VALUE(!rotary_cos.has_value() ||
+                        (rotary_cos->dim() == 2 && rotary_cos->size(0) > 0 &&
+                         rotary_sin.has_value() && rotary_sin->sizes() == rotary_cos->sizes() &&
+                         2 * rotary_cos->size(1) <= q_in.size(-1) &&
+                         (2 * rotary_cos->size(1)) % 16 == 0 && k_in.has_value()),
+                    "_fwd_kvcache_cuda: rotary_cos / rotary_sin must be (positions >= 1, "
+                    "rotary_dim / 2), rotary_dim a multiple of 16 within the head dim, with k");
   const Tensor q = rows_aligned(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
   const Tensor o = rows_aligned(out) ? out : at::empty(q.sizes(), q.options());
   const int64_t batch = varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);

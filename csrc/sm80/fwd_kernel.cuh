@@ -370,9 +370,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const Fw
   // A dense cache's row for this sequence (the dense kernel's: the batch element).
   int kv_batch = batch;
   if constexpr (kKvcache) {
-    if (p.kv.batch_idx != nullptr) {
-      kv_batch = min(max(p.kv.batch_idx[batch], 0), p.kv.cache_dim0 - 1);
-    }
+    kv_batch = min(max(p.kv.batch_idx != nullptr ? p.kv.batch_idx[batch] : batch, 0),
+                   p.kv.cache_dim0 - 1);
   }
   const Element* gq = static_cast<const Element*>(p.q.ptr) + batch * p.q.batch_stride +
                       int64_t(sq.offset + m0) * p.q.row_stride + head * p.q.head_stride;

@@ -48,17 +48,23 @@ inline FwdParams packed_view(const FwdParams& p) {
   return v;
 }
 
+constexpr int kMaxGridZ = 65535;
+
 // Splits of the keys: the forced count, or enough blocks for every SM, each split keeping at
 // least 2 key tiles of the cache's capacity (the lengths themselves are on the GPU).
 template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
-  if (p.split.num_splits > 0) return std::min(p.split.num_splits, kCombineMaxSplits);
+  // Grid z is batch x splits (at most kMaxGridZ).
+  if (p.batch <= 0 || p.batch > kMaxGridZ) return 1;
+  if (p.split.num_splits > 0) {
+    return std::max(1, std::min({p.split.num_splits, kCombineMaxSplits, kMaxGridZ / p.batch}));
+  }
   const FwdParams v = packed_view(p);
   const int64_t blocks =
       int64_t(tiles(v.seq_q.seqlen, Kernel::kBlockM)) * v.heads_q * std::max(v.batch, 1);
   const int key_tiles = tiles(p.kv.capacity, Kernel::kBlockN);
-  if (blocks >= sms || key_tiles < 4) return 1;
+  if (blocks == 0 || blocks >= sms || key_tiles < 4) return 1;
   const int wanted = int((sms + blocks - 1) / blocks);
-  return std::max(1, std::min({wanted, key_tiles / 2, kCombineMaxSplits}));
+  return std::max(1, std::min({wanted, key_tiles / 2, kCombineMaxSplits, kMaxGridZ / p.batch}));
 }
 
 // The partials of num_splits > 1: float32 O (splits, batch, seqlen_q, heads_q, head_dim) and
@@ -142,12 +148,11 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
   c.split = p.split;
   c.o = p.o;
   c.lse = p.lse;
-  c.rows = int(kvcache_partial_rows(p));
-  c.seqlen_q = p.seq_q.cu_seqlens != nullptr ? c.rows : p.seq_q.seqlen;
+  c.seq_q = p.seq_q;
   c.heads = p.heads_q;
   c.head_dim = p.head_dim;
-  const int64_t items = int64_t(c.rows) * c.heads;
-  const unsigned blocks = unsigned((items + kCombineWarps - 1) / kCombineWarps);
+  const int64_t items = int64_t(p.seq_q.seqlen) * c.heads;
+  const dim3 blocks(unsigned((items + kCombineWarps - 1) / kCombineWarps), p.batch);
   using Element = typename Kernel::Element;
   combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
   return cudaGetLastError();
@@ -168,6 +173,7 @@ cudaError_t append_and_rotate(const KvcacheParams& kp, Element* q_out, cudaStrea
     a.heads_kv = p.heads_kv;
     a.head_dim = p.head_dim;
     a.batch = p.batch;
+    a.k_new_total_rows = kp.k_new_total_rows;
     // The most new rows of a sequence: dense, new_rows; packed, at most all of them.
     const int most = p.kv.cu_seqlens_new != nullptr ? kp.k_new_total_rows : p.kv.new_rows;
     if (most > 0) {
@@ -206,6 +212,8 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
   int sms = 0;
   cudaError_t err = sm_count(&sms);
   if (err != cudaSuccess) return err;
+  // Refused before anything is written: the grids' y and z limits.
+  if (params.batch > kMaxGridZ || params.heads_q > kMaxGridZ) return cudaErrorInvalidConfiguration;
   const int splits = kvcache_splits<Kernel>(params, sms);
   const KvcacheWorkspace w = kvcache_workspace<ElementTag, kHeadDim>(kp, splits);
   char* base = static_cast<char*>(workspace);
@@ -215,7 +223,6 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
   if (params.batch == 0 || params.heads_q == 0 || kvcache_partial_rows(params) == 0) {
     return cudaSuccess;
   }
-  if (int64_t(params.batch) * splits > 65535) return cudaErrorInvalidConfiguration;
   FwdParams p = params;
   if (q_rot != nullptr) {  // attention reads the rotated q, laid out (rows, heads, head_dim)
     p.q.ptr = q_rot;
