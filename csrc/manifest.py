@@ -177,6 +177,9 @@ def _kernel_source(kernel):
         lines.append(f"template size_t {kernel.workspace}(const flash_cuda::{params}&);")
         lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::{params}&, "
                      f"void*, cudaStream_t);")
+        if kernel.direction == "fwd_kvcache":
+            lines.append(f"template int {kernel._function('fwd_kvcache_num_splits')}"
+                         f"(const flash_cuda::{params}&);")
     else:
         lines.append(f"template size_t {kernel.workspace}(const flash_cuda::BwdParams&);")
         lines.append(f"template cudaError_t {kernel.launcher}(const flash_cuda::BwdParams&, "
@@ -199,7 +202,7 @@ def _table_sources(selected):
            "// FLASH_CUDA_BWD_KERNEL(family, dtype, head_dim, workspace_bytes, run)"]
     kvcache = [head + "the KV-cache kernels.",
                "// FLASH_CUDA_FWD_KVCACHE_KERNEL(family, dtype, head_dim, supports, "
-               "workspace_bytes, run)"]
+               "workspace_bytes, run, num_splits)"]
     for family, (archs, kernels) in selected.items():
         info = FAMILIES[family]
         families.append(f'FLASH_CUDA_FAMILY({info["arch_enum"]}, "{family}", {info["min_arch"]}, '
@@ -212,7 +215,8 @@ def _table_sources(selected):
                            f"({k.launcher}))")
             elif k.direction == "fwd_kvcache":
                 kvcache.append(f"FLASH_CUDA_FWD_KVCACHE_KERNEL({key}, ({k.supports}), "
-                               f"({k.workspace}), ({k.launcher}))")
+                               f"({k.workspace}), ({k.launcher}), "
+                               f"({k._function('fwd_kvcache_num_splits')}))")
             else:
                 bwd.append(f"FLASH_CUDA_BWD_KERNEL({key}, ({k.workspace}), ({k.launcher}))")
     return {"family_table.inc": families, "fwd_kernel_table.inc": fwd,

@@ -16,6 +16,7 @@ from flash_cuda.interface import (
     flash_attn_qkvpacked_func,
     flash_attn_varlen_func,
     flash_attn_with_kvcache,
+    get_scheduler_metadata,
 )
 
 __version__ = "0.1.0"
@@ -48,6 +49,7 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_with_kvcache",
     "flash_attn_combine",
+    "get_scheduler_metadata",
     "build_info",
     "__version__",
 ]

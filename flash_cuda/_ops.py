@@ -161,6 +161,12 @@ def _fwd_kvcache_cuda(*args):
 torch.library.register_kernel("flash_cuda::fwd_kvcache", "cuda", _fwd_kvcache_cuda)
 
 
+@torch.library.register_kernel("flash_cuda::_kvcache_num_splits", "cpu")
+def _kvcache_num_splits_cpu(cache_seqlens, batch, seqlen_q, varlen_q, heads_q, heads_kv,
+                            head_dim, capacity, dtype, window_left, num_splits):
+    return max(1, num_splits)  # the reference never splits; a forced count is kept
+
+
 # ---- combine ----------------------------------------------------------------------------------
 
 def _combine(out_partial, lse_partial, out):
@@ -245,9 +251,14 @@ def _no_cuda_kernels():
         "--no-build-isolation -e .` (see the README's Install section).")
 
 
+def _no_cuda_num_splits(*args):
+    _no_cuda_kernels()
+
+
 if not HAS_CUDA_KERNELS:
     torch.library.register_kernel("flash_cuda::fwd", "cuda", _no_cuda_fwd)
     torch.library.register_kernel("flash_cuda::bwd", "cuda", _no_cuda_bwd)
+    torch.library.register_kernel("flash_cuda::_kvcache_num_splits", "cuda", _no_cuda_num_splits)
 
 
 def build_info():

@@ -45,6 +45,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "flash_attn_combine",
+    "get_scheduler_metadata",
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
 ]
@@ -292,15 +293,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     CPU tensors run the plain-PyTorch reference; CUDA tensors the build's KV-cache kernels (the
     caches must have 16-byte aligned rows: they are written in place). num_splits splits the
     keys across blocks (0: a heuristic from the batch, heads, cache capacity and SM count; the
-    results do not depend on it beyond rounding). qv, the descales, attention_chunk, softcap and
-    scheduler_metadata are accepted only at their defaults; pack_gqa and sm_margin are hints.
+    results do not depend on it beyond rounding). qv, the descales, attention_chunk and softcap
+    are accepted only at their defaults; pack_gqa and sm_margin are hints.
+    scheduler_metadata (from get_scheduler_metadata) fixes the split count.
     """
     _check_extras(qv, q_descale, k_descale, v_descale, attention_chunk, softcap, 0.0, None,
                   None, None)
-    if scheduler_metadata is not None:
-        raise NotImplementedError("flash_attn_with_kvcache: scheduler_metadata is not "
-                                  "supported yet (no split-KV scheduler); pass None.")
     _checks.check_hints(num_splits, pack_gqa, sm_margin)
+    if scheduler_metadata is not None:
+        num_splits = _splits_of_metadata(scheduler_metadata, num_splits)
     _checks.check_is_tensor("q", q)
     scale = _checks.as_scale(softmax_scale, q.shape[-1])
     causal = _checks.as_flag("causal", causal)
@@ -322,6 +323,57 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                            cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, scale, causal, left,
                            right, interleaved, int(num_splits), out)
     return (out, lse) if return_lse else out
+
+
+def _splits_of_metadata(metadata, num_splits):
+    """The split count a get_scheduler_metadata tensor fixes: its length."""
+    _checks.check_is_tensor("scheduler_metadata", metadata)
+    if metadata.dim() != 1 or metadata.dtype != torch.int32 or \
+            not 1 <= metadata.shape[0] <= _checks.KVCACHE_MAX_SPLITS:
+        raise ValueError("scheduler_metadata must be what get_scheduler_metadata returns (1-D "
+                         f"int32, 1 to {_checks.KVCACHE_MAX_SPLITS} long); got {metadata.dtype} of "
+                         f"shape {tuple(metadata.shape)}.")
+    if num_splits not in (0, metadata.shape[0]):
+        raise ValueError(f"num_splits={num_splits} disagrees with scheduler_metadata, which fixes "
+                         f"{metadata.shape[0]} splits: pass num_splits=0 with it.")
+    return metadata.shape[0]
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
+                           headdim, cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None,
+                           cu_seqlens_q=None, cu_seqlens_k_new=None, cache_leftpad=None,
+                           page_size=None, max_seqlen_k_new=0, causal=False,
+                           window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                           num_splits=0, pack_gqa=None, sm_margin=0):
+    """The schedule of flash_attn_with_kvcache for problems of these sizes (FlashAttention-3's
+    signature), to pass back as its scheduler_metadata, e.g. to capture a decode step in a CUDA
+    graph and replay it with new cache_seqlens.
+
+    flash_cuda's schedule is its split count, which depends on the sizes only (batch, heads,
+    query rows, max_seqlen_k as the cache's capacity, the SM count), never on cache_seqlens'
+    values, so every call is capture-safe with or without it; the metadata fixes the count so
+    that a later call with another cache size keeps it. Returns an int32 tensor on
+    cache_seqlens' device whose length is that count (its values are unused).
+    """
+    _checks.check_is_tensor("cache_seqlens", cache_seqlens)
+    ints = {name: _checks.as_int(name, value) for name, value in (
+        ("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q),
+        ("max_seqlen_k", max_seqlen_k), ("num_heads_q", num_heads_q),
+        ("num_heads_kv", num_heads_kv), ("headdim", headdim))}
+    if headdim_v is not None and _checks.as_int("headdim_v", headdim_v) != ints["headdim"]:
+        raise NotImplementedError("get_scheduler_metadata: headdim_v must equal headdim (no "
+                                  "separate value head dim in flash_cuda).")
+    _checks.check_at_default("attention_chunk", attention_chunk, 0)
+    _checks.check_at_default("has_softcap", has_softcap, False)
+    _checks.check_hints(num_splits, pack_gqa, sm_margin)
+    if qkv_dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"qkv_dtype must be torch.float16 or torch.bfloat16; got {qkv_dtype!r}.")
+    left, _ = _checks.as_window(window_size)
+    splits = torch.ops.flash_cuda._kvcache_num_splits(
+        cache_seqlens, ints["batch_size"], ints["max_seqlen_q"], cu_seqlens_q is not None,
+        ints["num_heads_q"], ints["num_heads_kv"], ints["headdim"], ints["max_seqlen_k"],
+        qkv_dtype, left, int(num_splits))
+    return torch.empty(splits, dtype=torch.int32, device=cache_seqlens.device)
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):

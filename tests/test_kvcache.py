@@ -64,8 +64,7 @@ def test_out_is_written_in_place():
 
 
 @pytest.mark.parametrize("name, value", [("qv", "tensor"), ("q_descale", "tensor"),
-                                         ("softcap", 1.0), ("attention_chunk", 8),
-                                         ("scheduler_metadata", "tensor")])
+                                         ("softcap", 1.0), ("attention_chunk", 8)])
 def test_not_implemented_arguments_name_themselves(name, value):
     q, k_cache, v_cache, _, _, _, _ = case()
     value = torch.zeros(1) if value == "tensor" else value
@@ -204,3 +203,26 @@ def test_varlen_inference_call_shape_rules():
         flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 1, None, seqused_k=used,
                                page_table=torch.zeros(B, 3, dtype=torch.int32),
                                block_table=torch.zeros(B, 3, dtype=torch.int32))
+
+
+def test_scheduler_metadata_fixes_the_split_count():
+    from flash_cuda import get_scheduler_metadata
+    q, k_cache, v_cache, k, v, _, _ = case()
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+    meta = get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, qkv_dtype=torch.float16,
+                                  num_splits=3)
+    assert meta.dtype == torch.int32 and meta.shape == (3,)
+    assert get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths).shape == (1,)  # CPU: no split
+    want = flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v,
+                                   cache_seqlens=lengths)
+    got = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                  scheduler_metadata=meta)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="disagrees with scheduler_metadata"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                scheduler_metadata=meta, num_splits=2)
+    with pytest.raises(ValueError, match="must be what get_scheduler_metadata returns"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                scheduler_metadata=torch.zeros(2, 2, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="headdim_v"):
+        get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, headdim_v=D // 2)

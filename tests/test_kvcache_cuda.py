@@ -174,7 +174,7 @@ def test_one_split_combine_is_exact(dtype):
 
 
 def test_cuda_graph_replays_with_new_lengths():
-    from flash_cuda import flash_attn_with_kvcache
+    from flash_cuda import flash_attn_with_kvcache, get_scheduler_metadata
     if not DTYPES:
         pytest.skip("no CUDA kernels in this build")
     dtype, d = DTYPES[0], HEAD_DIMS[0]
@@ -183,10 +183,12 @@ def test_cuda_graph_replays_with_new_lengths():
     v_cache = torch.randn_like(k_cache)
     lens = torch.tensor([10, 100], dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
+    meta = get_scheduler_metadata(2, 1, 512, 8, 2, d, lens, qkv_dtype=dtype)
+    assert meta.shape[0] > 1, "a 2-sequence decode step should be split on this GPU"
 
     def step():
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True, out=out,
-                                num_splits=4)
+                                scheduler_metadata=meta)
 
     step()  # warm-up outside the capture
     graph = torch.cuda.CUDAGraph()

@@ -36,6 +36,8 @@ template <class ElementTag, int kHeadDim>
 size_t fwd_kvcache_workspace_bytes(const KvcacheParams& params);
 template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd_kvcache(const KvcacheParams& params, void* workspace, cudaStream_t stream);
+template <class ElementTag, int kHeadDim>
+int fwd_kvcache_num_splits(const KvcacheParams& params);
 // rowsum(dO * O) for every row, written to params.dot_do_o, and the dQ accumulator zeroed;
 // dtype chosen at run time.  Part of run_bwd.
 cudaError_t run_bwd_preprocess(const BwdParams& params, DType dtype, cudaStream_t stream);

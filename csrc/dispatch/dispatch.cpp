@@ -42,9 +42,10 @@ const std::vector<Family>& families() {
                      FwdLauncher{supports, workspace_bytes, run}},
 #define FLASH_CUDA_BWD_KERNEL(family, dtype, hdim, workspace_bytes, run) \
   Entry<BwdLauncher>{ArchFamily::family, DType::dtype, hdim, BwdLauncher{workspace_bytes, run}},
-#define FLASH_CUDA_FWD_KVCACHE_KERNEL(family, dtype, hdim, supports, workspace_bytes, run)   \
+#define FLASH_CUDA_FWD_KVCACHE_KERNEL(family, dtype, hdim, supports, workspace_bytes, run, \
+                                      num_splits)                                       \
   Entry<KvcacheLauncher>{ArchFamily::family, DType::dtype, hdim,                            \
-                         KvcacheLauncher{supports, workspace_bytes, run}},
+                         KvcacheLauncher{supports, workspace_bytes, run, num_splits}},
 
 const std::vector<Entry<FwdLauncher>>& table(FwdLauncher*) {
   static const std::vector<Entry<FwdLauncher>> entries = {

@@ -25,6 +25,7 @@ struct KvcacheLauncher {
   bool (*supports)(const KvcacheParams&) = nullptr;
   size_t (*workspace_bytes)(const KvcacheParams&) = nullptr;
   cudaError_t (*run)(const KvcacheParams&, void* workspace, cudaStream_t) = nullptr;
+  int (*num_splits)(const KvcacheParams&) = nullptr;  // what run will use
 };
 struct BwdLauncher {
   size_t (*workspace_bytes)(const BwdParams&) = nullptr;

@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -180,9 +181,41 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
   return lse;
 }
 
+int64_t kvcache_num_splits(const Tensor& cache_seqlens, int64_t batch, int64_t seqlen_q,
+                           bool varlen_q, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                           int64_t capacity, at::ScalarType dtype, int64_t window_left,
+                           int64_t num_splits) {
+  const c10::cuda::CUDAGuard guard(cache_seqlens.device());
+  auto as_int = [](int64_t v, const char* name) {
+    TORCH_CHECK_VALUE(v >= 0 && v <= std::numeric_limits<int>::max(), "get_scheduler_metadata: ",
+                      name, " must be between 0 and 2^31 - 1; got ", v);
+    return static_cast<int>(v);
+  };
+  KvcacheParams kp;
+  FwdParams& p = kp.fwd;
+  p.batch = as_int(batch, "batch_size");
+  p.seq_q.seqlen = as_int(seqlen_q, "max_seqlen_q");
+  static int varlen_marker = 0;  // only whether q is packed matters here
+  p.seq_q.cu_seqlens = varlen_q ? &varlen_marker : nullptr;
+  p.heads_q = as_int(heads_q, "num_heads_q");
+  p.heads_kv = as_int(heads_kv, "num_heads_kv");
+  p.head_dim = as_int(head_dim, "headdim");
+  p.lse.head_stride = varlen_q ? 0 : p.seq_q.seqlen;  // the op's lse: (batch, heads, seqlen_q)
+  p.window_left = window_left >= 0 ? static_cast<int>(window_left) : -1;
+  p.kv.capacity = as_int(capacity, "max_seqlen_k");
+  p.split.num_splits = as_int(num_splits, "num_splits");
+  const DType kernel_dtype = dtype == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf,
+                    "get_scheduler_metadata: qkv_dtype must be torch.float16 or torch.bfloat16");
+  const auto kernel = find_fwd_kvcache(device_arch(cache_seqlens), kernel_dtype, kp);
+  TORCH_CHECK_NOT_IMPLEMENTED(kernel.found(), kernel.error);
+  return std::max(1, kernel.launcher.num_splits(kp));
+}
+
 }  // namespace
 }  // namespace flash_cuda
 
 TORCH_LIBRARY_IMPL(flash_cuda, CUDA, m) {
   m.impl("_fwd_kvcache_cuda", &flash_cuda::fwd_kvcache_cuda);
+  m.impl("_kvcache_num_splits", &flash_cuda::kvcache_num_splits);
 }

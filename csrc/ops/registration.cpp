@@ -138,6 +138,12 @@ TORCH_LIBRARY(flash_cuda, m) {
       "Tensor? rotary_seqlens, float softmax_scale, bool causal, int window_left, "
       "int window_right, bool rotary_interleaved, int num_splits, Tensor(c!) out) "
       "-> Tensor softmax_lse");
+  // The split count the KV-cache kernels take for a problem of these sizes on cache_seqlens'
+  // device (get_scheduler_metadata; internal).
+  m.def(
+      "_kvcache_num_splits(Tensor cache_seqlens, int batch, int seqlen_q, bool varlen_q, "
+      "int heads_q, int heads_kv, int head_dim, int capacity, ScalarType dtype, "
+      "int window_left, int num_splits) -> int");
   // Merges split-KV partial results (flash_attn_combine) into `out`, written in place;
   // returns the rows' lse.  Its implementations are flash_cuda/_ops.py's, on every device.
   m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out) -> Tensor softmax_lse");

@@ -109,6 +109,14 @@ template <class ElementTag, int kHeadDim> bool fwd_kvcache_supports(const Kvcach
   return true;
 }
 
+// The split count run_fwd_kvcache uses for this problem (get_scheduler_metadata reports it); 0
+// when the device cannot be queried.
+template <class ElementTag, int kHeadDim> int fwd_kvcache_num_splits(const KvcacheParams& kp) {
+  int sms = 0;
+  if (sm_count(&sms) != cudaSuccess) return 0;
+  return kvcache_splits<KvcacheKernel<ElementTag, kHeadDim>>(kp.fwd, sms);
+}
+
 template <class Kernel>
 cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
                            cudaStream_t stream) {
