@@ -130,6 +130,17 @@ def test_gqa_long(ratio, causal, seqlens):
                seqlens[0], seqlens[1], 8, 8 // ratio, (-1, -1), causal, batch=1)
 
 
+@pytest.mark.parametrize("heads", [(8, 1), (8, 2), (32, 8)])
+@pytest.mark.parametrize("window,causal", [((-1, -1), False), ((-1, -1), True), ((-1, 3), False),
+                                           ((100, 0), False)])
+@pytest.mark.parametrize("seqlen_k", [1, 17, 1000, 4097])
+def test_gqa_decode(heads, window, causal, seqlen_k):
+    """One query row per sequence: the launchers pack a GQA group into one tile (a left window
+    keeps it unpacked)."""
+    dense_case(DTYPES[0], FAST_HEAD_DIMS[-1], 1, seqlen_k, heads[0], heads[1], window, causal,
+               batch=3)
+
+
 def varlen_case(dtype, d, lens_q, lens_k, heads, heads_kv, window, causal, seqused=None):
     from flash_cuda import flash_attn_varlen_func
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,

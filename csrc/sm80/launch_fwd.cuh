@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "common/launch.cuh"
+#include "common/gqa_pack.h"
 #include "common/launch_api.h"
 #include "common/tile_order.cuh"
 #include "sm80/fwd_kernel.cuh"
@@ -32,7 +33,9 @@ template <class ElementTag, int kHeadDim> size_t fwd_workspace_bytes(const FwdPa
 }
 
 template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& params, void* /*workspace: none*/, cudaStream_t stream) {
+cudaError_t run_fwd(const FwdParams& problem, void* /*workspace: none*/, cudaStream_t stream) {
+  // A GQA decode step reads its keys once per group (common/gqa_pack.h).
+  const FwdParams params = packed_view(problem);
   using Kernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;
   if constexpr (Kernel::Config::kHasSmallTile) {
     // GPUs whose blocks cannot hold this head dim's tiles run the 99 KB ones.

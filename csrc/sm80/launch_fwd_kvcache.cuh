@@ -12,6 +12,7 @@
 
 #include "common/append_kv.cuh"
 #include "common/combine.cuh"
+#include "common/gqa_pack.h"
 #include "common/launch.cuh"
 #include "common/launch_api.h"
 #include "common/tile_order.cuh"
@@ -23,30 +24,6 @@ template <class ElementTag, int kHeadDim>
 using KvcacheKernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>, true>;
 template <class ElementTag, int kHeadDim>
 using KvcacheKernelSmall = FwdKernel<ElementTag, kHeadDim, FwdTileConfigSmall<kHeadDim>, true>;
-
-// A decode step (one query row per sequence, no left window) packs a GQA group's query heads
-// as the rows of one tile: q, out and lse seen as (batch, group rows, heads_kv), which needs
-// lse's rows of one head to be adjacent (head stride 1: seqlen_q = 1).  With one query row the
-// causal / right-window bound excludes no key, so the packed view has no mask.
-inline bool packs_gqa(const FwdParams& p) {
-  return p.seq_q.cu_seqlens == nullptr && p.seq_q.seqlen == 1 && p.heads_q > p.heads_kv &&
-         p.window_left < 0 && p.lse.head_stride == 1;
-}
-
-inline FwdParams packed_view(const FwdParams& p) {
-  if (!packs_gqa(p)) return p;
-  const int group = p.heads_q / p.heads_kv;
-  FwdParams v = p;
-  for (TensorRef* t : {&v.q, &v.o}) {
-    t->row_stride = t->head_stride;
-    t->head_stride *= group;
-  }
-  v.lse.head_stride = group;  // rows of a head are the group's heads, 1 apart
-  v.seq_q.seqlen = group;
-  v.heads_q = p.heads_kv;
-  v.window_right = -1;
-  return v;
-}
 
 constexpr int kMaxGridZ = 65535;
 

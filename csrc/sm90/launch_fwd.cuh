@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/launch.cuh"
+#include "common/gqa_pack.h"
 #include "common/launch_api.h"
 #include "common/tile_order.cuh"
 #include "sm90/fwd_kernel.cuh"
@@ -51,7 +52,9 @@ template <class ElementTag, int kHeadDim> size_t fwd_workspace_bytes(const FwdPa
 }
 
 template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& p, void* workspace, cudaStream_t stream) {
+cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stream) {
+  // A GQA decode step reads its keys once per group (common/gqa_pack.h).
+  const FwdParams p = packed_view(problem);
   using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
   using Element = typename Kernel::Element;
   const unsigned m_tiles = tiles(p.seq_q.seqlen, Kernel::kBlockM);
