@@ -29,9 +29,10 @@ DIRECTIONS = ("fwd", "bwd", "fwd_kvcache")
 # only, so no PTX can carry it to a later GPU.
 FAMILIES = {
     # TMA + wgmma + warp specialisation (csrc/sm90/); forward only: the backward of a Hopper
-    # GPU runs on the portable family, fed by this family's out and lse.
+    # GPU runs on the portable family, fed by this family's out and lse.  Its KV-cache units
+    # take chunked prefill over dense caches (through its forward); the rest runs on sm80.
     "sm90": {"min_arch": 90, "max_arch": 100, "arch_enum": "kSm90", "arch_specific": True,
-             "directions": ("fwd",)},
+             "directions": ("fwd", "fwd_kvcache")},
     # mma.sync + cp.async: runs on every GPU from Ampere on (later ones through its PTX).
     "sm80": {"min_arch": 80, "max_arch": 1000, "arch_enum": "kSm80", "arch_specific": False,
              "directions": ("fwd", "bwd", "fwd_kvcache")},

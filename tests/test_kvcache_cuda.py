@@ -161,6 +161,10 @@ def test_decode_paged(dtype, page_size, num_splits):
     dict(causal=False), dict(window=(16, 0)), dict(window=(7, 3), causal=False),
     dict(heads=(4, 4)), dict(heads=(8, 1)), dict(seqlen_q=3, n_new=3, page_size=3),
     dict(rotary="half", page_size=16, num_splits=3, n_new=2, seqlen_q=2),
+    # Chunked prefill: many query rows over a dense cache (the Hopper family's, where it runs).
+    dict(seqlen_q=200, n_new=200, cap=600), dict(seqlen_q=130, n_new=0, causal=False, cap=600),
+    dict(seqlen_q=256, n_new=256, rotary="interleaved", cap=600, heads=(8, 8)),
+    dict(seqlen_q=160, n_new=160, cap=600, page_size=16),
 ])
 def test_semantics(dtype, case):
     run_case(dtype, HEAD_DIMS[-1] if HEAD_DIMS else 128, **case)
@@ -200,3 +204,29 @@ def test_cuda_graph_replays_with_new_lengths():
         torch.cuda.synchronize()
         want = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
         torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+def test_families_take_their_problems():
+    """On a Hopper GPU with the sm90 family built, a chunked prefill over a dense cache runs its
+    forward kernel; a decode step the portable family's split kernel."""
+    import flash_cuda
+    from flash_cuda import flash_attn_with_kvcache
+    info = flash_cuda.build_info()
+    if torch.cuda.get_device_capability() != (9, 0) or "fwd_kvcache" not in \
+            info["family_info"].get("sm90", {}).get("ops", []):
+        pytest.skip("needs an sm90 GPU and the sm90 family's KV-cache units")
+    dtype, d = DTYPES[0], HEAD_DIMS[-1]
+    k_cache = torch.randn(2, 1024, 2, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([100, 700], dtype=torch.int32, device="cuda")
+
+    def kernels(seqlen_q):
+        q = torch.randn(2, seqlen_q, 8, d, device="cuda", dtype=dtype)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
+            torch.cuda.synchronize()
+        return " ".join(e.name for e in prof.events())
+
+    assert "sm90" in kernels(256)
+    names = kernels(1)
+    assert "sm80" in names and "combine" in names

@@ -28,8 +28,9 @@ def test_knobs_filter(manifest):
                      "fwd_sm80_bf16_hdim128", "fwd_sm80_bf16_hdim64"]
     env["FLASH_CUDA_DISABLE_KVCACHE"] = "1"
     assert manifest.parse_knobs(env)[3] == ("fwd",)
-    assert sorted(k.name for k in selected["sm90"][1]) == ["fwd_sm90_bf16_hdim128",
-                                                           "fwd_sm90_bf16_hdim64"]
+    assert sorted(k.name for k in selected["sm90"][1]) == [
+        "fwd_kvcache_sm90_bf16_hdim128", "fwd_kvcache_sm90_bf16_hdim64",
+        "fwd_sm90_bf16_hdim128", "fwd_sm90_bf16_hdim64"]
 
 
 def test_families_select_their_archs_and_ops(manifest):

@@ -156,4 +156,57 @@ __global__ void __launch_bounds__(kAppendWarps * 32) rotate_q_kernel(const Rotat
   }
 }
 
+// The q buffer a rotated q goes to (rows, heads, head_dim), dense rows, and its bytes.
+inline TensorRef rotated_q_ref(const FwdParams& p, void* ptr) {
+  TensorRef r;
+  r.ptr = ptr;
+  r.head_stride = p.head_dim;
+  r.row_stride = int64_t(p.heads_q) * p.head_dim;
+  r.batch_stride = p.seq_q.cu_seqlens != nullptr ? 0 : p.seq_q.seqlen * r.row_stride;
+  return r;
+}
+
+// Appends the new keys and values, then rotates q into `q_out` (when rotary).
+template <class Element>
+cudaError_t append_and_rotate(const KvcacheParams& kp, Element* q_out, cudaStream_t stream) {
+  const FwdParams& p = kp.fwd;
+  if (kp.k_new.ptr != nullptr) {
+    AppendArgs a;
+    a.k_new = kp.k_new;
+    a.v_new = kp.v_new;
+    a.k_cache = p.k;
+    a.v_cache = p.v;
+    a.kv = p.kv;
+    a.rotary = kp.rotary;
+    a.heads_kv = p.heads_kv;
+    a.head_dim = p.head_dim;
+    a.batch = p.batch;
+    a.k_new_total_rows = kp.k_new_total_rows;
+    // The most new rows of a sequence: dense, new_rows; packed, at most all of them.
+    const int most = p.kv.cu_seqlens_new != nullptr ? kp.k_new_total_rows : p.kv.new_rows;
+    if (most > 0) {
+      const dim3 grid((most + kAppendWarps - 1) / kAppendWarps, p.heads_kv, p.batch);
+      append_kv_kernel<Element><<<grid, kAppendWarps * 32, 0, stream>>>(a);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
+  if (q_out == nullptr) return cudaSuccess;
+  RotateQArgs r;
+  r.q = p.q;
+  r.q_out = rotated_q_ref(p, q_out);
+  const int64_t rows = p.seq_q.cu_seqlens != nullptr ? int64_t(p.seq_q.total_rows)
+                                                   : int64_t(p.batch) * p.seq_q.seqlen;
+  r.seq_q = p.seq_q;
+  r.kv = p.kv;
+  r.rotary = kp.rotary;
+  r.heads = p.heads_q;
+  r.head_dim = p.head_dim;
+  const int most = p.seq_q.seqlen;  // dense: the seqlen; packed: max_seqlen_q
+  if (rows == 0 || most == 0) return cudaSuccess;
+  const dim3 grid((most + kAppendWarps - 1) / kAppendWarps, p.heads_q, p.batch);
+  rotate_q_kernel<Element><<<grid, kAppendWarps * 32, 0, stream>>>(r);
+  return cudaGetLastError();
+}
+
 }  // namespace flash_cuda

@@ -45,6 +45,14 @@ cudaError_t run_bwd_preprocess(const BwdParams& params, DType dtype, cudaStream_
 
 namespace sm90 {
 template <class ElementTag, int kHeadDim>
+bool fwd_kvcache_supports(const KvcacheParams& params);
+template <class ElementTag, int kHeadDim>
+size_t fwd_kvcache_workspace_bytes(const KvcacheParams& params);
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd_kvcache(const KvcacheParams& params, void* workspace, cudaStream_t stream);
+template <class ElementTag, int kHeadDim>
+int fwd_kvcache_num_splits(const KvcacheParams& params);
+template <class ElementTag, int kHeadDim>
 bool fwd_supports(const FwdParams& params);
 template <class ElementTag, int kHeadDim>
 size_t fwd_workspace_bytes(const FwdParams& params);

@@ -143,52 +143,6 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
   return cudaGetLastError();
 }
 
-// Appends the new keys and values, then rotates q into `q_out` (when rotary).
-template <class Element>
-cudaError_t append_and_rotate(const KvcacheParams& kp, Element* q_out, cudaStream_t stream) {
-  const FwdParams& p = kp.fwd;
-  if (kp.k_new.ptr != nullptr) {
-    AppendArgs a;
-    a.k_new = kp.k_new;
-    a.v_new = kp.v_new;
-    a.k_cache = p.k;
-    a.v_cache = p.v;
-    a.kv = p.kv;
-    a.rotary = kp.rotary;
-    a.heads_kv = p.heads_kv;
-    a.head_dim = p.head_dim;
-    a.batch = p.batch;
-    a.k_new_total_rows = kp.k_new_total_rows;
-    // The most new rows of a sequence: dense, new_rows; packed, at most all of them.
-    const int most = p.kv.cu_seqlens_new != nullptr ? kp.k_new_total_rows : p.kv.new_rows;
-    if (most > 0) {
-      const dim3 grid((most + kAppendWarps - 1) / kAppendWarps, p.heads_kv, p.batch);
-      append_kv_kernel<Element><<<grid, kAppendWarps * 32, 0, stream>>>(a);
-      const cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-    }
-  }
-  if (q_out == nullptr) return cudaSuccess;
-  RotateQArgs r;
-  r.q = p.q;
-  r.q_out = p.q;
-  r.q_out.ptr = q_out;
-  const int64_t rows = kvcache_partial_rows(p);
-  r.q_out.head_stride = p.head_dim;
-  r.q_out.row_stride = int64_t(p.heads_q) * p.head_dim;
-  r.q_out.batch_stride = p.seq_q.cu_seqlens != nullptr ? 0 : p.seq_q.seqlen * r.q_out.row_stride;
-  r.seq_q = p.seq_q;
-  r.kv = p.kv;
-  r.rotary = kp.rotary;
-  r.heads = p.heads_q;
-  r.head_dim = p.head_dim;
-  const int most = p.seq_q.seqlen;  // dense: the seqlen; packed: max_seqlen_q
-  if (rows == 0 || most == 0) return cudaSuccess;
-  const dim3 grid((most + kAppendWarps - 1) / kAppendWarps, p.heads_q, p.batch);
-  rotate_q_kernel<Element><<<grid, kAppendWarps * 32, 0, stream>>>(r);
-  return cudaGetLastError();
-}
-
 template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream_t stream) {
   using Kernel = KvcacheKernel<ElementTag, kHeadDim>;
@@ -209,12 +163,7 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
     return cudaSuccess;
   }
   FwdParams p = params;
-  if (q_rot != nullptr) {  // attention reads the rotated q, laid out (rows, heads, head_dim)
-    p.q.ptr = q_rot;
-    p.q.head_stride = p.head_dim;
-    p.q.row_stride = int64_t(p.heads_q) * p.head_dim;
-    p.q.batch_stride = p.seq_q.cu_seqlens != nullptr ? 0 : p.seq_q.seqlen * p.q.row_stride;
-  }
+  if (q_rot != nullptr) p.q = rotated_q_ref(p, q_rot);  // attention reads the rotated q
   void* partials = base + w.q_bytes;
   if constexpr (Kernel::Config::kHasSmallTile) {
     using Small = KvcacheKernelSmall<ElementTag, kHeadDim>;
