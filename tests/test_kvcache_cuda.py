@@ -99,7 +99,8 @@ def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0
         v_cache = paged_like(table, page_size, v_cache)
         kwargs["page_table"] = table
     cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val)
-           for key, val in kwargs.items() if key not in ("num_splits", "page_table")}
+           for key, val in kwargs.items()
+           if key not in ("num_splits", "page_table", "max_seqlen_q")}
     new_kv = (k.cpu() if k is not None else None, v.cpu() if v is not None else None)
     want = kvcache_forward_reference(
         q.cpu().float(), ref_k, ref_v, *(t.float() if t is not None else None for t in new_kv),
