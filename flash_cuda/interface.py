@@ -326,17 +326,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
 
 
 def _splits_of_metadata(metadata, num_splits):
-    """The split count a get_scheduler_metadata tensor fixes: its length."""
+    """The split count a get_scheduler_metadata tensor fixes: its length (num_splits, which
+    get_scheduler_metadata has already taken into account, is then not consulted)."""
     _checks.check_is_tensor("scheduler_metadata", metadata)
     if metadata.dim() != 1 or metadata.dtype != torch.int32 or \
             not 1 <= metadata.shape[0] <= _checks.KVCACHE_MAX_SPLITS:
         raise ValueError("scheduler_metadata must be what get_scheduler_metadata returns (1-D "
                          f"int32, 1 to {_checks.KVCACHE_MAX_SPLITS} long); got {metadata.dtype} of "
                          f"shape {tuple(metadata.shape)}.")
-    if num_splits not in (0, metadata.shape[0]):
-        raise ValueError(f"num_splits={num_splits} disagrees with scheduler_metadata, which fixes "
-                         f"{metadata.shape[0]} splits: pass num_splits=0 with it.")
-    return metadata.shape[0]
+    return metadata.shape[0]  # it wins over num_splits, which made it
 
 
 def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
@@ -366,13 +364,21 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     _checks.check_at_default("attention_chunk", attention_chunk, 0)
     _checks.check_at_default("has_softcap", has_softcap, False)
     _checks.check_hints(num_splits, pack_gqa, sm_margin)
+    if ints["num_heads_kv"] < 1 or ints["num_heads_q"] % ints["num_heads_kv"] != 0:
+        raise ValueError(f"num_heads_q ({ints['num_heads_q']}) must be a multiple of "
+                         f"num_heads_kv ({ints['num_heads_kv']}) >= 1.")
+    if not (_checks.MIN_HEAD_DIM <= ints["headdim"] <= _checks.MAX_HEAD_DIM and
+            ints["headdim"] % _checks.HEAD_DIM_MULTIPLE == 0):
+        raise ValueError(f"headdim must be a multiple of {_checks.HEAD_DIM_MULTIPLE} between "
+                         f"{_checks.MIN_HEAD_DIM} and {_checks.MAX_HEAD_DIM}; got "
+                         f"{ints['headdim']}.")
     if qkv_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"qkv_dtype must be torch.float16 or torch.bfloat16; got {qkv_dtype!r}.")
     left, _ = _checks.as_window(window_size)
     splits = torch.ops.flash_cuda._kvcache_num_splits(
         cache_seqlens, ints["batch_size"], ints["max_seqlen_q"], cu_seqlens_q is not None,
         ints["num_heads_q"], ints["num_heads_kv"], ints["headdim"], ints["max_seqlen_k"],
-        qkv_dtype, left, int(num_splits))
+        qkv_dtype, left, int(num_splits), page_size is not None, cache_leftpad is not None)
     return torch.empty(splits, dtype=torch.int32, device=cache_seqlens.device)
 
 

@@ -136,9 +136,23 @@ def test_gqa_long(ratio, causal, seqlens):
 @pytest.mark.parametrize("seqlen_k", [1, 17, 1000, 4097])
 def test_gqa_decode(heads, window, causal, seqlen_k):
     """One query row per sequence: the launchers pack a GQA group into one tile (a left window
-    keeps it unpacked)."""
+    shorter than the keys keeps it unpacked)."""
     dense_case(DTYPES[0], FAST_HEAD_DIMS[-1], 1, seqlen_k, heads[0], heads[1], window, causal,
                batch=3)
+
+
+def test_gqa_decode_with_seqused_q():
+    """seqused_q caps query rows, so a dense q with it is not packed (through the op)."""
+    d = FAST_HEAD_DIMS[-1]
+    q, k, v = make((3, 1, 8, d), DTYPES[0]), make((3, 40, 2, d), DTYPES[0]), make((3, 40, 2, d),
+                                                                              DTYPES[0])
+    used = torch.tensor([1, 0, 1], dtype=torch.int32, device="cuda")
+
+    def ours(q_, k_, v_):
+        return torch.ops.flash_cuda.fwd(q_, k_, v_, None, None, used, None, 1, 40, d ** -0.5,
+                                        True, -1, 0)
+
+    run_and_check(q, k, v, ours, dict(seqused_q=used, softmax_scale=d ** -0.5, causal=True))
 
 
 def varlen_case(dtype, d, lens_q, lens_k, heads, heads_kv, window, causal, seqused=None):

@@ -170,6 +170,7 @@ inline TensorRef rotated_q_ref(const FwdParams& p, void* ptr) {
 template <class Element>
 cudaError_t append_and_rotate(const KvcacheParams& kp, Element* q_out, cudaStream_t stream) {
   const FwdParams& p = kp.fwd;
+  if (p.batch == 0 || p.heads_kv == 0) return cudaSuccess;
   if (kp.k_new.ptr != nullptr) {
     AppendArgs a;
     a.k_new = kp.k_new;

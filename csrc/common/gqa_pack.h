@@ -13,8 +13,10 @@
 namespace flash_cuda {
 
 inline bool packs_gqa(const FwdParams& p) {
-  return p.seq_q.cu_seqlens == nullptr && p.seq_q.seqlen == 1 && p.heads_q > p.heads_kv &&
-         p.heads_kv > 0 && p.window_left < 0 && p.lse.head_stride == 1;
+  // seqused_q would cap the packed rows (the group's heads) instead of the query rows.
+  return p.seq_q.cu_seqlens == nullptr && p.seq_q.seqused == nullptr && p.seq_q.seqlen == 1 &&
+         p.heads_q > p.heads_kv && p.heads_kv > 0 && p.window_left < 0 &&
+         p.lse.head_stride == 1;
 }
 
 inline FwdParams packed_view(const FwdParams& p) {

@@ -122,9 +122,6 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
   p.heads_kv = static_cast<int>(heads_kv);
   p.head_dim = static_cast<int>(head_dim);
   p.softmax_scale = static_cast<float>(softmax_scale);
-  p.window_left = window_left >= 0 ? static_cast<int>(window_left) : -1;
-  p.window_right = causal ? 0 : (window_right >= 0 ? static_cast<int>(window_right) : -1);
-
   KvCacheArgs& kv = p.kv;
   kv.cache_seqlens = index_ptr(cache_seqlens, q, "cache_seqlens");
   kv.cu_seqlens_new = index_ptr(cu_seqlens_k_new, q, "cu_seqlens_k_new");
@@ -142,6 +139,12 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
   }
   kv.cache_dim0 = static_cast<int>(k_cache.size(0));
   p.seq_k.seqlen = kv.capacity;
+  // A window at least as long as every key and query row is no window (keeps the kernels' int
+  // arithmetic, row + diag - window, far from overflow).
+  const int64_t rows = int64_t(kv.capacity) + seqlen_q + 1;
+  auto window = [&](int64_t w) { return w < 0 || w >= rows ? -1 : static_cast<int>(w); };
+  p.window_left = window(window_left);
+  p.window_right = causal ? 0 : window(window_right);
   p.split.num_splits = static_cast<int>(num_splits);
 
   Tensor k_new, v_new;
@@ -184,7 +187,7 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
 int64_t kvcache_num_splits(const Tensor& cache_seqlens, int64_t batch, int64_t seqlen_q,
                            bool varlen_q, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
                            int64_t capacity, at::ScalarType dtype, int64_t window_left,
-                           int64_t num_splits) {
+                           int64_t num_splits, bool paged, bool leftpad) {
   const c10::cuda::CUDAGuard guard(cache_seqlens.device());
   auto as_int = [](int64_t v, const char* name) {
     TORCH_CHECK_VALUE(v >= 0 && v <= std::numeric_limits<int>::max(), "get_scheduler_metadata: ",
@@ -195,8 +198,12 @@ int64_t kvcache_num_splits(const Tensor& cache_seqlens, int64_t batch, int64_t s
   FwdParams& p = kp.fwd;
   p.batch = as_int(batch, "batch_size");
   p.seq_q.seqlen = as_int(seqlen_q, "max_seqlen_q");
-  static int varlen_marker = 0;  // only whether q is packed matters here
-  p.seq_q.cu_seqlens = varlen_q ? &varlen_marker : nullptr;
+  // Only whether q is packed, the cache paged or left-padded matters here: markers, never read.
+  static int marker = 0;
+  p.seq_q.cu_seqlens = varlen_q ? &marker : nullptr;
+  p.kv.page_table = paged ? &marker : nullptr;
+  p.kv.leftpad = leftpad ? &marker : nullptr;
+  p.kv.cache_dim0 = p.batch;  // a row (or pages) for every sequence
   p.heads_q = as_int(heads_q, "num_heads_q");
   p.heads_kv = as_int(heads_kv, "num_heads_kv");
   p.head_dim = as_int(head_dim, "headdim");

@@ -21,7 +21,8 @@ namespace flash_cuda::sm90 {
 constexpr int kKvcacheMinQueryRows = 128;
 
 // Each sequence's keys (cache_seqlens + its new rows, clamped to the capacity).
-__global__ void kvcache_lengths_kernel(const KvCacheArgs kv, int batch, int* lengths) {
+// (static: every unit that includes this header has its own copy.)
+static __global__ void kvcache_lengths_kernel(const KvCacheArgs kv, int batch, int* lengths) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b < batch) lengths[b] = SeqlenInfo(kv, b).len;
 }
