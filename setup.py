@@ -169,7 +169,8 @@ def extension_and_cmdclass():
         kernel_sources = [os.path.relpath(p, ROOT) for paths in generated.values() for p in paths]
         sources = registration + ["csrc/ops/attention_cuda.cpp", "csrc/ops/kvcache_cuda.cpp",
                                   "csrc/dispatch/dispatch.cpp",
-                                  "csrc/sm80/bwd_preprocess.cu"] + kernel_sources
+                                  "csrc/sm80/bwd_preprocess.cu",
+                                  "csrc/common/combine.cu"] + kernel_sources
         portable = manifest.PORTABLE_FAMILY
         gencode = {f: manifest.gencode_flags(f, fa) for f, (fa, _) in selected.items()}
         for family, family_archs in sorted((f, fa) for f, (fa, _) in selected.items()):

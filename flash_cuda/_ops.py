@@ -178,8 +178,29 @@ def _combine(out_partial, lse_partial, out):
     return lse
 
 
+def _fusable(out_partial, out):
+    """Whether flash_cuda's combine kernel takes this layout (else PyTorch operations run)."""
+    if not HAS_CUDA_KERNELS or out.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if out_partial.shape[0] > _checks.KVCACHE_MAX_SPLITS or out_partial.shape[-1] % 4:
+        return False
+    if out_partial.numel() == 0 or out.numel() == 0:
+        return False
+    strides_ok = all(s % 4 == 0 for s in out_partial.stride()[:-1]) and \
+        all(s % 4 == 0 for s in out.stride()[:-1])
+    return (strides_ok and out_partial.data_ptr() % 16 == 0 and out.data_ptr() % 8 == 0 and
+            (out_partial.dim() == 4 or out_partial.shape[1] <= 65535))
+
+
+def _combine_cuda(out_partial, lse_partial, out):
+    if _fusable(out_partial, out):
+        _checks.check_combine_op(out_partial, lse_partial, out)
+        return torch.ops.flash_cuda._combine_cuda.default(out_partial, lse_partial, out)
+    return _combine(out_partial, lse_partial, out)
+
+
 torch.library.register_kernel("flash_cuda::combine", "cpu", _combine)
-torch.library.register_kernel("flash_cuda::combine", "cuda", _combine)
+torch.library.register_kernel("flash_cuda::combine", "cuda", _combine_cuda)
 
 
 @torch.library.register_fake("flash_cuda::combine")

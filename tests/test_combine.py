@@ -79,9 +79,11 @@ def test_out_is_written_in_place_in_its_dtype(device, dtype):
     out = torch.full((B, LQ, HQ, D), float("nan"), dtype=dtype, device=device)
     got, _ = flash_attn_combine(out_p, lse_p, out=out)
     assert got is out
-    # The float32 merge, rounded once.
-    torch.testing.assert_close(out, flash_attn_combine(out_p, lse_p)[0].to(dtype), atol=0,
-                               rtol=0)
+    # The float32 merge, rounded once: exactly on the CPU; on CUDA the fused kernel sums in
+    # another order, so within a rounding of the 16-bit dtype.
+    want = flash_attn_combine(out_p, lse_p)[0].to(dtype)
+    exact = dict(atol=0, rtol=0) if device == "cpu" else {}
+    torch.testing.assert_close(out, want, **exact)
     got, _ = flash_attn_combine(out_p.to(device), lse_p.to(device), out_dtype=dtype)
     assert got.dtype == dtype
 

@@ -15,18 +15,6 @@
 
 namespace flash_cuda {
 
-// What the combine reads and writes: the rows of each sequence of q (seq_q, as the attention
-// saw them; rows outside every sequence keep what the op layer put there), their partials in
-// `split` and their output in o / lse, the forward's FwdParams' layouts.
-struct CombineArgs {
-  SplitArgs split;
-  TensorRef o;
-  RowStatsRef lse;
-  SeqArgs seq_q;
-  int heads = 0;
-  int head_dim = 0;
-};
-
 constexpr int kCombineMaxSplits = 128;
 constexpr int kCombineWarps = 4;
 

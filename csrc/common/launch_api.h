@@ -19,6 +19,10 @@ struct bfloat16_t;
 // memory, its size: the op layer allocates `bwd_workspace_bytes(params)` bytes (aligned as torch's allocator
 // aligns, to 512) and hands them to run_bwd, which lays them out and runs the op's pre- and
 // post-kernels itself.  The op layer learns no family's layout.
+// flash_attn_combine's kernel (common/combine.cu): batch x (seq_q rows, heads) rows of split
+// partials merged into a 16-bit out and a float32 lse.
+cudaError_t run_combine(const CombineArgs& args, int batch, DType dtype, cudaStream_t stream);
+
 namespace sm80 {
 template <class ElementTag, int kHeadDim>
 bool fwd_supports(const FwdParams& params);

@@ -111,6 +111,18 @@ struct KvcacheParams {
   RotaryArgs rotary;
 };
 
+// What the combine reads and writes: the rows of each sequence of q (seq_q, as the attention
+// saw them; rows outside every sequence keep what the op layer put there), their partials in
+// `split` and their output in o / lse, the forward's FwdParams' layouts.
+struct CombineArgs {
+  SplitArgs split;
+  TensorRef o;
+  RowStatsRef lse;
+  SeqArgs seq_q;
+  int heads = 0;
+  int head_dim = 0;
+};
+
 struct BwdParams {
   FwdParams fwd;  // q, k, v, o, lse and the problem as the forward saw it
   TensorRef dout;

@@ -219,10 +219,68 @@ int64_t kvcache_num_splits(const Tensor& cache_seqlens, int64_t batch, int64_t s
   return std::max(1, kernel.launcher.num_splits(kp));
 }
 
+// flash_attn_combine on CUDA: out_partial (splits, batch, seqlen, heads, d) or (splits, total,
+// heads, d), float32, rows 16-byte aligned; lse_partial its shape without d; out 16-bit.  The
+// kernel writes lse as (batch, heads, seqlen); it comes back (batch, seqlen, heads) (or
+// (total, heads)).
+Tensor combine_cuda(const Tensor& out_partial, const Tensor& lse_partial, Tensor& out) {
+  const c10::cuda::CUDAGuard guard(out_partial.device());
+  const bool packed = out_partial.dim() == 4;
+  TORCH_CHECK_VALUE(out_partial.scalar_type() == at::kFloat && lse_partial.scalar_type() == at::kFloat &&
+                        (out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16) &&
+                        (out_partial.dim() == 4 || out_partial.dim() == 5) &&
+                        lse_partial.dim() == out_partial.dim() - 1 &&
+                        out.dim() == out_partial.dim() - 1,
+                    "_combine_cuda: float32 partials of 4 or 5 dims and a 16-bit out");
+  const int64_t d = out_partial.size(-1);
+  bool aligned = d % 4 == 0 && out_partial.stride(-1) == 1 && out.stride(-1) == 1 &&
+                 reinterpret_cast<uintptr_t>(out_partial.data_ptr()) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(out.data_ptr()) % 8 == 0;
+  for (int64_t i = 0; i + 1 < out_partial.dim(); ++i) aligned &= out_partial.stride(i) % 4 == 0;
+  for (int64_t i = 0; i + 1 < out.dim(); ++i) aligned &= out.stride(i) % 4 == 0;
+  TORCH_CHECK_VALUE(aligned, "_combine_cuda: rows must be 16-byte aligned");
+  const int64_t splits = out_partial.size(0);
+  const int64_t batch = packed ? 1 : out_partial.size(1);
+  const int64_t seqlen = out_partial.size(-3), heads = out_partial.size(-2);
+  Tensor lse = packed ? at::empty({heads, seqlen}, out_partial.options())
+                      : at::empty({batch, heads, seqlen}, out_partial.options());
+  CombineArgs a;
+  SplitArgs& s = a.split;
+  s.num_splits = static_cast<int>(splits);
+  s.o = out_partial.data_ptr<float>();
+  s.o_split_stride = out_partial.stride(0);
+  s.o_batch_stride = packed ? 0 : out_partial.stride(1);
+  s.o_row_stride = out_partial.stride(-3);
+  s.o_head_stride = out_partial.stride(-2);
+  s.lse = lse_partial.data_ptr<float>();
+  s.lse_split_stride = lse_partial.stride(0);
+  s.lse_batch_stride = packed ? 0 : lse_partial.stride(1);
+  s.lse_row_stride = lse_partial.stride(-2);
+  s.lse_head_stride = lse_partial.stride(-1);
+  a.o.ptr = out.data_ptr();
+  a.o.batch_stride = packed ? 0 : out.stride(0);
+  a.o.row_stride = out.stride(-3);
+  a.o.head_stride = out.stride(-2);
+  a.lse.ptr = lse.data_ptr<float>();
+  a.lse.batch_stride = packed ? 0 : lse.stride(0);
+  a.lse.head_stride = packed ? lse.stride(0) : lse.stride(1);
+  a.seq_q.seqlen = static_cast<int>(seqlen);
+  a.heads = static_cast<int>(heads);
+  a.head_dim = static_cast<int>(d);
+  const DType dtype = out.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+  const cudaError_t err = run_combine(a, static_cast<int>(batch), dtype,
+                                      c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "flash_cuda: the combine kernel failed to launch: ",
+              cudaGetErrorString(err));
+  // (batch, seqlen, heads), contiguous like the CPU and fake kernels' (a copy of lse-sized rows).
+  return (packed ? lse.t() : lse.transpose(1, 2)).contiguous();
+}
+
 }  // namespace
 }  // namespace flash_cuda
 
 TORCH_LIBRARY_IMPL(flash_cuda, CUDA, m) {
+  m.impl("_combine_cuda", &flash_cuda::combine_cuda);
   m.impl("_fwd_kvcache_cuda", &flash_cuda::fwd_kvcache_cuda);
   m.impl("_kvcache_num_splits", &flash_cuda::kvcache_num_splits);
 }

@@ -144,6 +144,9 @@ TORCH_LIBRARY(flash_cuda, m) {
       "_kvcache_num_splits(Tensor cache_seqlens, int batch, int seqlen_q, bool varlen_q, "
       "int heads_q, int heads_kv, int head_dim, int capacity, ScalarType dtype, "
       "int window_left, int num_splits, bool paged, bool leftpad) -> int");
+  // flash_attn_combine's fused CUDA kernel for partials laid out as it needs (internal: call
+  // combine instead, which checks the rules and picks it).
+  m.def("_combine_cuda(Tensor out_partial, Tensor lse_partial, Tensor(a!) out) -> Tensor");
   // Merges split-KV partial results (flash_attn_combine) into `out`, written in place;
   // returns the rows' lse.  Its implementations are flash_cuda/_ops.py's, on every device.
   m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out) -> Tensor softmax_lse");
