@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import skip_unless_built
+
 
 def _decode_loop():
     path = Path(__file__).resolve().parents[1] / "examples" / "decode_loop.py"
@@ -43,4 +45,5 @@ def test_a_wrong_cache_fails_the_check(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("graph", [True, False], ids=["graph", "eager"])
 def test_decode_loop_on_cuda(graph):
+    skip_unless_built(torch.float16, 16, directions=("fwd", "fwd_kvcache"))
     _decode_loop().main(["--steps", "64", "--device", "cuda"] + ([] if graph else ["--no-graph"]))
