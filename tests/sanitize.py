@@ -1,6 +1,7 @@
 """A small set of forward and backward calls for compute-sanitizer, one per kind of tile the
 kernels run (dense, causal, window, GQA, varlen with an empty sequence, padded head dim), for
-every kernel family the GPU runs.  Not collected by pytest (no test_ prefix); run as
+every kernel family the GPU runs, and the KV-cache paths (decode over dense and paged caches,
+split or not, append with rotary, a longer query, chunked prefill).  Not collected by pytest (no test_ prefix); run as
 
     for tool in memcheck racecheck synccheck; do
         compute-sanitizer --tool $tool --error-exitcode 1 python tests/sanitize.py || echo $tool failed
@@ -17,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import kernel_families  # noqa: E402
 from flash_cuda import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from flash_cuda import flash_attn_with_kvcache  # noqa: E402
 
 
 def calls():
@@ -47,6 +49,38 @@ def calls():
                                                   (q, k, v))
 
 
+def kvcache_calls(dt, d):
+    """Decode steps (one query row, GQA 4/1: packed) over a dense and a paged cache (pages of 3
+    in reverse order) with lengths 0, 17 and 290, unsplit, split 3 ways and by the heuristic;
+    an append of 2 keys with rotary; 5 query rows (unpacked); 200 rows (chunked prefill)."""
+    lens = torch.tensor([0, 17, 290], dtype=torch.int32, device="cuda")
+    kc, vc = (torch.randn(3, 300, 1, d, device="cuda", dtype=dt) for _ in range(2))
+    page = 3
+    table = torch.arange(3 * 100, dtype=torch.int32, device="cuda").flip(0).view(3, 100)
+    kp, vp = (t.view(3 * 100, page, 1, d)[table.flatten().long().argsort()].contiguous()
+              for t in (kc, vc))
+    q1 = torch.randn(3, 1, 4, d, device="cuda", dtype=dt)
+    for splits in (1, 3, 0):
+        yield f"kvcache dense s{splits}", lambda s=splits: flash_attn_with_kvcache(
+            q1, kc, vc, cache_seqlens=lens, causal=True, num_splits=s)
+        yield f"kvcache paged s{splits}", lambda s=splits: flash_attn_with_kvcache(
+            q1, kp, vp, cache_seqlens=lens, page_table=table, causal=True, num_splits=s)
+    k_new, v_new = (torch.randn(3, 2, 1, d, device="cuda", dtype=dt) for _ in range(2))
+    cos, sin = torch.randn(2, 400, 16, device="cuda", dtype=dt).unbind(0)
+    q2 = torch.randn(3, 2, 4, d, device="cuda", dtype=dt)
+    yield "kvcache append rotary", lambda: flash_attn_with_kvcache(
+        q2, kp, vp, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+        page_table=table, causal=True)
+    q5 = torch.randn(3, 5, 4, d, device="cuda", dtype=dt)
+    yield "kvcache 5 rows", lambda: flash_attn_with_kvcache(q5, kc, vc, cache_seqlens=lens,
+                                                            causal=True, num_splits=3)
+    k200, v200 = (torch.randn(1, 200, 1, d, device="cuda", dtype=dt) for _ in range(2))
+    kl, vl = (torch.randn(1, 600, 1, d, device="cuda", dtype=dt) for _ in range(2))
+    q200 = torch.randn(1, 200, 4, d, device="cuda", dtype=dt)
+    yield "kvcache prefill", lambda: flash_attn_with_kvcache(
+        q200, kl, vl, k200, v200, cache_seqlens=300, causal=True)
+
+
 def main():
     families = kernel_families()
     assert families, "no kernel family runs on this GPU: nothing would be checked"
@@ -57,6 +91,19 @@ def main():
             call()
             torch.cuda.synchronize()
             print(f"{family} {name}: ok", flush=True)
+    # The KV-cache calls under the default choice, which hands each problem to the family
+    # that takes it (decode to the portable family, a chunked prefill to the Hopper one).
+    import flash_cuda
+    info = flash_cuda.build_info()
+    if info["features"].get("kvcache"):
+        os.environ.pop("FLASH_CUDA_FAMILY", None)
+        os.environ.pop("FLASH_CUDA_FAMILY_STRICT", None)
+        dt = torch.bfloat16 if "bf16" in info["dtypes"] else torch.float16
+        d = min(128, max(info["head_dims"]["fwd_kvcache"]))
+        for name, call in kvcache_calls(dt, d):
+            call()
+            torch.cuda.synchronize()
+            print(f"{name}: ok", flush=True)
 
 
 if __name__ == "__main__":

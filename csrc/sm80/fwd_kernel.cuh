@@ -50,6 +50,11 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
   using Rows = std::conditional_t<Config::kCopyRows, CopyRows<kHeadDim>, PaddedRows<kHeadDim>>;
   using PRows = PaddedRows<kBlockN>;
   static constexpr int kPitch = Rows::kPitch;
+  // Key tiles of K and V in shared memory: 1, the loop of run(), or a ring of kKvStages tiles
+  // (KV-cache kernels only; Note [Staged key tiles]).
+  static constexpr int kKvStages = Config::kKvStages;
+  static_assert(kKvStages == 1 || (kKvcache_ && kWarpsN == 1),
+                "staged key tiles are a KV-cache loop of one-warp row ranges");
   static_assert(kWarpsN == 1 || kWarpsN == 2, "a row range is split between at most two warps");
   static_assert(kNWarps % kWarpsN == 0 && kBlockM % kWarpsM == 0, "whole warp grid");
   static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
@@ -68,8 +73,8 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
   // columns, after a barrier that every Q.K^T precedes).
   struct SharedStorage : RowExchange<kWarpsN> {
     alignas(16) Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) Rows
-    Element k[kBlockN * kPitch];              // (kBlockN, kHeadDim) Rows
-    Element v[kBlockN * kPitch];              // (kBlockN, kHeadDim) Rows
+    Element k[kKvStages * kBlockN * kPitch];  // kKvStages x (kBlockN, kHeadDim) Rows
+    Element v[kKvStages * kBlockN * kPitch];  // kKvStages x (kBlockN, kHeadDim) Rows
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
@@ -334,6 +339,9 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
 //   combine kernel; a split with no key tile writes out 0 and lse -inf;
 // - nothing else: the mask is the whole sequence's, and GQA packing (a group's query heads as
 //   the rows of one tile) is the launcher's view of q, out and lse.
+// A decode step (at most 16 query rows per head, packed) runs FwdDecodeTileConfig's one-warp
+// blocks, whose key tiles are staged (Note [Staged key tiles]); longer queries run the
+// forward's own tiles through the loop below it.
 template <class ElementTag, int kHeadDim, class Config, bool kKvcache_>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const FwdParams& p,
                                                                         SharedStorage& smem) {
@@ -414,7 +422,100 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const Fw
 
   // Rows past the used length are zero-filled, not loaded: their scores are masked, but a NaN
   // there (an unwritten KV cache slot, say) would survive the 0 * NaN of the MMAs.
-  if (n_begin < n_end) {
+  if constexpr (kKvStages > 1) {
+    // Note [Staged key tiles]
+    // Step i of the walk (key tiles last to first, as below) reads tile n_end - 1 - i from
+    // stage i % kKvStages.  Each step first issues the copy of tile i + kKvStages - 1 into the
+    // stage step i - 1 read (every warp is past it: the first barrier), one commit group per
+    // tile, empty past the last, so that waiting for all but the newest kKvStages - 1 groups
+    // means tile i (and, at step 0, Q) has landed; the second barrier publishes it.  A last
+    // barrier ends every lane's reads of Q before the epilogue stages O in its rows.
+    const int steps = max(n_end - n_begin, 0);
+    if (steps > 0) {
+      load_tile_async<kBlockM, kHeadDim, kThreads, Rows>(smem.q, gq, p.q.row_stride,
+                                                         sq.len - m0, p.head_dim);
+    }
+    // Paged keys with kPrefetchPages: each thread copies the same kPageRows rows of every tile
+    // (one 16-byte column of each), so it looks their pages up once for K and V, and a step
+    // ahead: the table's loads for tile i + kKvStages are issued at step i and used at step
+    // i + 1, so no copy waits for the table.
+    constexpr int kChunksPerRow = kHeadDim / 8;
+    constexpr bool kPrefetch = Config::kPrefetchPages && kThreads % kChunksPerRow == 0 &&
+                               (kBlockN * kChunksPerRow) % kThreads == 0;
+    constexpr int kRowsPerPass = kPrefetch ? kThreads / kChunksPerRow : 1;
+    constexpr int kPageRows = kPrefetch ? kBlockN / kRowsPerPass : 1;
+    const bool paged = p.kv.page_table != nullptr;
+    int page_of[kPageRows], slot_of[kPageRows];  // the next tile to issue: page, row in page
+    auto lookup = [&](int i) {
+      if constexpr (kPrefetch) {
+        const int* pages = p.kv.page_table + int64_t(batch) * p.kv.pages_per_seq;
+        const int n0 = (n_end - 1 - i) * kBlockN;
+#pragma unroll
+        for (int j = 0; j < kPageRows; ++j) {
+          const int r = threadIdx.x / kChunksPerRow + j * kRowsPerPass;
+          const int row = sk.offset + n0 + r;
+          const bool valid = i < steps && n0 + r < sk.len;
+          page_of[j] = valid ? pages[row / p.kv.page_size] : 0;
+          slot_of[j] = valid ? row % p.kv.page_size : -1;
+        }
+      }
+    };
+    auto issue = [&](int i) {
+      if (i < steps) {
+        const int n0 = (n_end - 1 - i) * kBlockN;
+        const int stage = i % kKvStages;
+        Element* dk = smem.k + stage * kBlockN * kPitch;
+        Element* dv = smem.v + stage * kBlockN * kPitch;
+        if (kPrefetch && paged) {
+          const int col = (threadIdx.x % kChunksPerRow) * 8;
+          const Element* bk = static_cast<const Element*>(p.k.ptr) + head_kv * p.k.head_stride;
+          const Element* bv = static_cast<const Element*>(p.v.ptr) + head_kv * p.v.head_stride;
+#pragma unroll
+          for (int j = 0; j < kPageRows; ++j) {
+            const int r = threadIdx.x / kChunksPerRow + j * kRowsPerPass;
+            const bool valid = slot_of[j] >= 0 && col < p.head_dim;
+            const int64_t page = min(max(page_of[j], 0), p.kv.cache_dim0 - 1);
+            const int64_t slot = max(slot_of[j], 0);
+            const Element* sk_row = bk + page * p.k.batch_stride + slot * p.k.row_stride + col;
+            const Element* sv_row = bv + page * p.v.batch_stride + slot * p.v.row_stride + col;
+            cp_async_16(dk + Rows::offset(r, col), valid ? sk_row : bk, valid);
+            cp_async_16(dv + Rows::offset(r, col), valid ? sv_row : bv, valid);
+          }
+        } else {
+          load_keys(dk, gk, p.k, n0);
+          load_keys(dv, gv, p.v, n0);
+        }
+      }
+      cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < kKvStages - 1; ++i) {
+      if (kPrefetch && paged) lookup(i);
+      issue(i);
+    }
+    if (kPrefetch && paged) lookup(kKvStages - 1);
+    for (int i = 0; i < steps; ++i) {
+      __syncthreads();
+      issue(i + kKvStages - 1);
+      if (kPrefetch && paged) lookup(i + kKvStages);
+      cp_async_wait<kKvStages - 1>();
+      __syncthreads();
+      const int n0 = (n_end - 1 - i) * kBlockN;
+      const int stage = i % kKvStages;
+      float s[kMTiles][kNTiles][4];
+      zero(s);
+      gemm_qk(s, smem.q, smem.k + stage * kBlockN * kPitch, warp_row0, lane);
+      if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
+        apply_mask(s, mask, m0 + warp_row0, n0, lane);
+      }
+      float unused[kMTiles][2];
+      softmax_step(s, o, st, scale_log2, unused);
+      uint32_t p_packed[kMTiles][kPvSteps][4];
+      pack_p(p_packed, s);
+      gemm_pv(o, p_packed, smem.v + stage * kBlockN * kPitch, lane);
+    }
+    __syncthreads();
+  } else if (n_begin < n_end) {
     load_tile_async<kBlockM, kHeadDim, kThreads, Rows>(smem.q, gq, p.q.row_stride, sq.len - m0,
                                                        p.head_dim);
     // Key tiles run last to first so the first one visited is the partially masked diagonal.

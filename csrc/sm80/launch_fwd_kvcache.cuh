@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "common/append_kv.cuh"
@@ -24,11 +25,53 @@ template <class ElementTag, int kHeadDim>
 using KvcacheKernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>, true>;
 template <class ElementTag, int kHeadDim>
 using KvcacheKernelSmall = FwdKernel<ElementTag, kHeadDim, FwdTileConfigSmall<kHeadDim>, true>;
+template <class ElementTag, int kHeadDim>
+using KvcacheKernelDecode = FwdKernel<ElementTag, kHeadDim, FwdDecodeTileConfig<kHeadDim>, true>;
 
 constexpr int kMaxGridZ = 65535;
 
-// Splits of the keys: the forced count, or enough blocks for every SM, each split keeping at
-// least 2 key tiles of the cache's capacity (the lengths themselves are on the GPU).
+template <class Kernel> struct KernelTag { using type = Kernel; };
+
+// Calls f(KernelTag<K>{}) with the kernel that runs this problem: the decode tiles when its
+// (packed) query rows per head fit one of their blocks, otherwise the forward's tiles (the
+// small ones where the device's blocks cannot hold those).
+template <class ElementTag, int kHeadDim, class F>
+cudaError_t with_kvcache_kernel(const FwdParams& p, F&& f) {
+  using Decode = KvcacheKernelDecode<ElementTag, kHeadDim>;
+  using Kernel = KvcacheKernel<ElementTag, kHeadDim>;
+  if (packed_view(p).seq_q.seqlen <= Decode::kBlockM) return f(KernelTag<Decode>{});
+  if constexpr (Kernel::Config::kHasSmallTile) {
+    int smem_limit = 0;
+    const cudaError_t err = max_smem_per_block(&smem_limit);
+    if (err != cudaSuccess) return err;
+    if (smem_limit < Kernel::kSmemBytes) {
+      return f(KernelTag<KvcacheKernelSmall<ElementTag, kHeadDim>>{});
+    }
+  }
+  return f(KernelTag<Kernel>{});
+}
+
+// How many blocks of `Kernel` an SM holds at once (at least 1).
+template <class Kernel> int kvcache_blocks_per_sm() {
+  int n = 0;
+  const auto kernel = &fwd_kernel<Kernel>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           Kernel::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Kernel::kThreads,
+                                                    Kernel::kSmemBytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // a launch that cannot run reports it itself
+    return 1;
+  }
+  return std::max(n, 1);
+}
+
+// Splits of the keys: the forced count, or the fewest whose grid fills its waves of resident
+// blocks (sms x blocks per SM) nearly as well as any count does, each split keeping at least
+// kMinSplitKeys keys and 2 key tiles of the cache's capacity (the lengths themselves are on the
+// GPU).  A wave's blocks are equal work here (every sequence of a step is assumed as long as the
+// capacity).  Fewer keys per split lost to the combine and the blocks' fixed costs at batch 1
+// with an 8k cache (NOTES entry 48).
+constexpr int kMinSplitKeys = 256;
 template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
   // Grid z is batch x splits (at most kMaxGridZ).
   if (p.batch <= 0 || p.batch > kMaxGridZ) return 1;
@@ -38,10 +81,20 @@ template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
   const FwdParams v = packed_view(p);
   const int64_t blocks =
       int64_t(tiles(v.seq_q.seqlen, Kernel::kBlockM)) * v.heads_q * std::max(v.batch, 1);
-  const int key_tiles = tiles(p.kv.capacity, Kernel::kBlockN);
-  if (blocks == 0 || blocks >= sms || key_tiles < 4) return 1;
-  const int wanted = int((sms + blocks - 1) / blocks);
-  return std::max(1, std::min({wanted, key_tiles / 2, kCombineMaxSplits, kMaxGridZ / p.batch}));
+  const int most = std::min({int(tiles(p.kv.capacity, Kernel::kBlockN)) / 2,
+                             int(p.kv.capacity / kMinSplitKeys), kCombineMaxSplits,
+                             kMaxGridZ / p.batch});
+  if (blocks == 0 || most < 2) return 1;
+  const double slots = double(sms) * kvcache_blocks_per_sm<Kernel>();
+  auto efficiency = [&](int s) {
+    const double waves = double(blocks) * s / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0.;
+  for (int s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
+  int s = 1;
+  while (s < most && efficiency(s) < 0.85 * best) ++s;
+  return s;
 }
 
 // The partials of num_splits > 1: float32 O (splits, batch, seqlen_q, heads_q, head_dim) and
@@ -78,8 +131,14 @@ template <class ElementTag, int kHeadDim>
 size_t fwd_kvcache_workspace_bytes(const KvcacheParams& kp) {
   int sms = 0;
   if (sm_count(&sms) != cudaSuccess) return 0;  // the launch reports the broken device
-  const int splits = kvcache_splits<KvcacheKernel<ElementTag, kHeadDim>>(kp.fwd, sms);
-  return kvcache_workspace<ElementTag, kHeadDim>(kp, splits).total();
+  size_t bytes = 0;
+  (void)with_kvcache_kernel<ElementTag, kHeadDim>(kp.fwd, [&](auto tag) {
+    using Kernel = typename decltype(tag)::type;
+    bytes = kvcache_workspace<ElementTag, kHeadDim>(kp, kvcache_splits<Kernel>(kp.fwd, sms))
+                .total();
+    return cudaSuccess;
+  });
+  return bytes;
 }
 
 template <class ElementTag, int kHeadDim> bool fwd_kvcache_supports(const KvcacheParams&) {
@@ -91,7 +150,12 @@ template <class ElementTag, int kHeadDim> bool fwd_kvcache_supports(const Kvcach
 template <class ElementTag, int kHeadDim> int fwd_kvcache_num_splits(const KvcacheParams& kp) {
   int sms = 0;
   if (sm_count(&sms) != cudaSuccess) return 0;
-  return kvcache_splits<KvcacheKernel<ElementTag, kHeadDim>>(kp.fwd, sms);
+  int splits = 0;
+  (void)with_kvcache_kernel<ElementTag, kHeadDim>(kp.fwd, [&](auto tag) {
+    splits = kvcache_splits<typename decltype(tag)::type>(kp.fwd, sms);
+    return cudaSuccess;
+  });
+  return splits;
 }
 
 template <class Kernel>
@@ -145,36 +209,28 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
 
 template <class ElementTag, int kHeadDim>
 cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream_t stream) {
-  using Kernel = KvcacheKernel<ElementTag, kHeadDim>;
-  using Element = typename Kernel::Element;
+  using Element = typename KvcacheKernel<ElementTag, kHeadDim>::Element;
   const FwdParams& params = kp.fwd;
   int sms = 0;
   cudaError_t err = sm_count(&sms);
   if (err != cudaSuccess) return err;
   // Refused before anything is written: the grids' y and z limits.
   if (params.batch > kMaxGridZ || params.heads_q > kMaxGridZ) return cudaErrorInvalidConfiguration;
-  const int splits = kvcache_splits<Kernel>(params, sms);
-  const KvcacheWorkspace w = kvcache_workspace<ElementTag, kHeadDim>(kp, splits);
-  char* base = static_cast<char*>(workspace);
-  Element* q_rot = w.q_bytes > 0 ? reinterpret_cast<Element*>(base) : nullptr;
-  err = append_and_rotate<Element>(kp, q_rot, stream);
-  if (err != cudaSuccess) return err;
-  if (params.batch == 0 || params.heads_q == 0 || kvcache_partial_rows(params) == 0) {
-    return cudaSuccess;
-  }
-  FwdParams p = params;
-  if (q_rot != nullptr) p.q = rotated_q_ref(p, q_rot);  // attention reads the rotated q
-  void* partials = base + w.q_bytes;
-  if constexpr (Kernel::Config::kHasSmallTile) {
-    using Small = KvcacheKernelSmall<ElementTag, kHeadDim>;
-    int smem_limit = 0;
-    err = max_smem_per_block(&smem_limit);
-    if (err != cudaSuccess) return err;
-    if (smem_limit < Kernel::kSmemBytes) {
-      return launch_kvcache<Small>(p, partials, splits, stream);
+  return with_kvcache_kernel<ElementTag, kHeadDim>(params, [&](auto tag) {
+    using Kernel = typename decltype(tag)::type;
+    const int splits = kvcache_splits<Kernel>(params, sms);
+    const KvcacheWorkspace w = kvcache_workspace<ElementTag, kHeadDim>(kp, splits);
+    char* base = static_cast<char*>(workspace);
+    Element* q_rot = w.q_bytes > 0 ? reinterpret_cast<Element*>(base) : nullptr;
+    cudaError_t e = append_and_rotate<Element>(kp, q_rot, stream);
+    if (e != cudaSuccess) return e;
+    if (params.batch == 0 || params.heads_q == 0 || kvcache_partial_rows(params) == 0) {
+      return cudaSuccess;
     }
-  }
-  return launch_kvcache<Kernel>(p, partials, splits, stream);
+    FwdParams p = params;
+    if (q_rot != nullptr) p.q = rotated_q_ref(p, q_rot);  // attention reads the rotated q
+    return launch_kvcache<Kernel>(p, base + w.q_bytes, splits, stream);
+  });
 }
 
 }  // namespace flash_cuda::sm80

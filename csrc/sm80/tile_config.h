@@ -28,6 +28,8 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;
 struct FwdTable {
   static constexpr int kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr int kWarpsN = 1;
+  static constexpr int kKvStages = 1;         // see FwdDecodeTileConfig
+  static constexpr bool kPrefetchPages = false;  // see FwdDecodeTileConfig
   static constexpr bool kPrologueV = true;
   static constexpr bool kHasSmallTile = false;
   static constexpr bool kBulkStoreO = false;
@@ -68,6 +70,22 @@ template <int kHeadDim> struct FwdTileConfigSmall;
 template <> struct FwdTileConfigSmall<256> : FwdTable {  // 16 rows/warp, no exchange: 99 KB
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
   static constexpr bool kCopyRows = false;  // CopyRows would need 102 KB
+};
+
+// The KV-cache forward's tiles for a decode step (at most kBlockM query rows per head after GQA
+// packing): one warp of 16 rows, and kKvStages key tiles of K and V in flight (Note [Staged key
+// tiles] in sm80/fwd_kernel.cuh); with kPrefetchPages a paged cache's table is read a step
+// ahead.  A step reads far more keys than it computes on, and the kernel is bound by the
+// instructions its few warps issue per byte (NOTES entry 48: 4-5 cycles per issued
+// instruction), so blocks are small (20 KB at hdim 128; 8 per SM, a limit set by registers).
+// Measured at hdim 128 (bf16, H200, decode GQA 32/8): 16 keys x 2 stages beat 32 x 2, 32 x 3,
+// 32 x 4, 16 x 4 and 64 x 2 at every batch >= 4, dense and paged.
+template <int kHeadDim, int kStages = 2, int kKeys = 16, bool kPrefetch = true>
+struct FwdDecodeTileConfig : FwdTable {
+  static constexpr int kBlockM = 16, kBlockN = kKeys, kNWarps = 1;
+  static constexpr int kKvStages = kStages;
+  static constexpr bool kPrefetchPages = kPrefetch;
+  static constexpr bool kCopyRows = true;
 };
 
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
