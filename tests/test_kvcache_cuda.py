@@ -178,6 +178,19 @@ def test_one_split_combine_is_exact(dtype):
     run_case(dtype, HEAD_DIMS[0] if HEAD_DIMS else 64, lengths=(5, 9, 12), num_splits=3)
 
 
+def test_scheduler_metadata_takes_the_ops_window_rule():
+    """A left window longer than every key is no window, for the op and for the schedule it
+    reports: with GQA 32/2 a decode step packs 16 query heads either way."""
+    from flash_cuda import get_scheduler_metadata
+    if not DTYPES:
+        pytest.skip("no CUDA kernels in this build")
+    lens = torch.full((2,), 4000, dtype=torch.int32, device="cuda")
+    counts = {w: get_scheduler_metadata(2, 1, 4096, 32, 2, HEAD_DIMS[0], lens, qkv_dtype=DTYPES[0],
+                                        window_size=(w, -1)).numel()
+              for w in (-1, 10 ** 6)}
+    assert counts[-1] == counts[10 ** 6], counts
+
+
 def test_cuda_graph_replays_with_new_lengths():
     from flash_cuda import flash_attn_with_kvcache, get_scheduler_metadata
     if not DTYPES:

@@ -208,8 +208,11 @@ int64_t kvcache_num_splits(const Tensor& cache_seqlens, int64_t batch, int64_t s
   p.heads_kv = as_int(heads_kv, "num_heads_kv");
   p.head_dim = as_int(head_dim, "headdim");
   p.lse.head_stride = varlen_q ? 0 : p.seq_q.seqlen;  // the op's lse: (batch, heads, seqlen_q)
-  p.window_left = window_left >= 0 ? static_cast<int>(window_left) : -1;
   p.kv.capacity = as_int(capacity, "max_seqlen_k");
+  // The op's rule: a window at least as long as every key and query row is no window (and
+  // decides whether a decode step packs its GQA group, so the kernel and its split count).
+  const int64_t rows = int64_t(p.kv.capacity) + p.seq_q.seqlen + 1;
+  p.window_left = window_left < 0 || window_left >= rows ? -1 : static_cast<int>(window_left);
   p.split.num_splits = as_int(num_splits, "num_splits");
   const DType kernel_dtype = dtype == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
   TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf,
