@@ -1,6 +1,7 @@
 """flash_attn_with_kvcache and torch.ops.flash_cuda.fwd_kvcache: the API over the op, the op's
 rules and not-yet-implemented arguments, its declared mutation of the caches (opcheck), a decode
-step under torch.compile(fullgraph=True), and the clear error on CUDA until its kernels exist."""
+step under torch.compile(fullgraph=True), and the clear error on CUDA from a build without
+KV-cache kernels (FLASH_CUDA_DISABLE_KVCACHE=1); tests/test_kvcache_cuda.py runs the kernels."""
 
 import pytest
 import torch
