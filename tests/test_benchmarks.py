@@ -131,3 +131,25 @@ def test_decode_table_ratio_is_against_the_best_peer():
                                              "sdpa_flash": 2500.0, "flash_cuda_fwd": 9e3}}
     assert bench_decode.best_peer(row) == 2500.0  # flash_cuda's own paths are not peers
     assert bench_decode.format_table([row], ["flash_cuda", "sdpa_cudnn"]).endswith("1.200x")
+
+
+def test_context_parallel_bench_parses_and_reports_without_a_gpu(tmp_path):
+    import json
+
+    import bench_context_parallel as cp
+    args = cp.parse_args(["--seqlens", "1024,2048", "--heads", "8/2", "--backends",
+                          "flash_cuda,sdpa_cudnn"])
+    assert (args.heads_q, args.heads_kv, args.seqlens) == (8, 2, [1024, 2048])
+    for argv in (["--heads", "6/4"], ["--backends", "nope"], ["--seqlens", "0"],
+                 ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            cp.parse_args(argv)
+    one = {"results": [{"seqlen": 1024, "results": {"flash_cuda": {"ms": 8.0},
+                                                    "sdpa_cudnn": {"ms": 10.0}}}]}
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    rows = [{"seqlen": 1024, "results": {"flash_cuda": {"ms": 5.0, "peak_gib": 1.0},
+                                         "sdpa_cudnn": {"error": "RuntimeError: no"}}}]
+    cp.efficiency(rows, 2, str(tmp_path / "one.json"))
+    assert rows[0]["efficiency"] == {"flash_cuda": pytest.approx(0.8)}
+    text = cp.table(rows, ["flash_cuda", "sdpa_cudnn"], 2, True)
+    assert "1k | 5.0 | - | 1.0 | - | - | 0.80 | -" in text

@@ -1,0 +1,71 @@
+"""flash_cuda inside torch's context parallel (ring attention over a process group), forward and
+backward, against a float32 reference on the whole sequence (cp_check.py, one process per rank).
+
+- nccl, one GPU per rank: world sizes 2, 4 and 8, each skipped with fewer GPUs;
+- gloo, two ranks sharing one GPU: the same ring, run wherever one GPU is.
+
+Each case is a fresh `python cp_check.py` (its ranks spawned there) under a time limit.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+CASES = {
+    "causal-bf16-d128-gqa": dict(causal=True, dtype="bfloat16", hdim=128, heads_q=4, heads_kv=2,
+                                 seqlen=1024),
+    "full-fp16-d64": dict(causal=False, dtype="float16", hdim=64, heads_q=4, heads_kv=4,
+                          seqlen=1024),
+    # 1008 = 16 x 63: shards of 63 tokens at 8 ranks, no multiple of any tile.  (torch's context
+    # parallel needs the length to split into 2 x world equal chunks under a causal mask.)
+    "causal-bf16-d256-s1008": dict(causal=True, dtype="bfloat16", hdim=256, heads_q=2, heads_kv=2,
+                                   seqlen=1008),
+    "full-bf16-d128-alltoall": dict(causal=False, dtype="bfloat16", hdim=128, heads_q=4,
+                                    heads_kv=1, seqlen=768, rotate="alltoall"),
+}
+
+
+def _needs(gpus):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import flash_cuda
+    if not flash_cuda.build_info()["kernels"]:
+        pytest.skip("this build has no CUDA kernels")
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"needs {gpus} GPUs; {torch.cuda.device_count()} visible")
+
+
+def _run(world, backend, case, tmp_path):
+    full = dict(batch=1, seed=0, **case)
+    result = tmp_path / "result.json"
+    cmd = [sys.executable, str(HERE / "cp_check.py"), str(world), backend, json.dumps(full),
+           str(result)]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")  # NVLink multicast stays off
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(result.read_text())
+    assert not any(r["nan"].values()), r
+    for name, err in r["errors"].items():
+        assert err <= r["bounds"][name], (name, r)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_nccl(world, case, tmp_path):
+    _needs(world)
+    _run(world, "nccl", CASES[case], tmp_path)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gloo_ranks_share_one_gpu(case, tmp_path):
+    _needs(1)
+    _run(2, "gloo", CASES[case], tmp_path)
