@@ -10,7 +10,8 @@ Backends run in turns within a point, so they share one power state. Peak memory
 torch.cuda.max_memory_allocated over the point's steps, the largest rank's.
 
 Run (NVLink multicast off, as the host requires):
-    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 1 benchmarks/bench_context_parallel.py --json cp1.json
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 1 benchmarks/bench_context_parallel.py \
+        --json cp1.json
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/bench_context_parallel.py \\
         --baseline cp1.json --json cp2.json --plot cp2.png
 Efficiency at N GPUs = t(1 GPU) / (N x t(N GPUs)) for the same point and backend.
@@ -95,6 +96,11 @@ def time_point(mesh, args, seqlen, names):
     errors = {}
     with context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2],
                           no_restore_buffers={q, k, v, dout}):
+        # The shards keep the whole sequence's storage (resize_ shrinks the view only): give
+        # each its own, so that the peak memory is a rank's.
+        for t in (q, k, v, dout):
+            t.set_(t.clone())
+        torch.cuda.empty_cache()
         for turn in range(args.steps + 1):  # the first turn warms up
             for name in names if turn % 2 == 0 else list(reversed(names)):
                 if name in errors:
@@ -122,12 +128,17 @@ def time_point(mesh, args, seqlen, names):
                 finally:
                     leave()
                     del qs, ks, vs, out
+                # Every rank learns of a failure anywhere before the next ring, which would
+                # otherwise wait for the rank that stopped.
+                failed = torch.tensor([1.0 if name in errors else 0.0], device="cuda")
+                dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+                if failed.item() and name not in errors:
+                    errors[name] = "failed on another rank"
+                    samples[name].clear()
     results = {}
     for name in names:
-        failed = torch.tensor([1.0 if name in errors else 0.0], device="cuda")
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if failed.item():
-            results[name] = {"error": errors.get(name, "failed on another rank")}
+        if name in errors:
+            results[name] = {"error": errors[name]}
             continue
         stats = torch.tensor([statistics.median(samples[name]), float(peaks[name])],
                              device="cuda", dtype=torch.float64)
@@ -144,7 +155,7 @@ def attention_flops(seqlen, heads_q, hdim, causal):
 
 def table(rows, names, world, baseline):
     head = ["tokens"] + [f"{n} ms" for n in names] + [f"{n} GiB" for n in names]
-    head += ["flash_cuda / sdpa_cudnn"]
+    head += ["flash_cuda speed / sdpa_cudnn"]
     if baseline:
         head += [f"{n} efficiency" for n in names]
     lines = [" | ".join(head), "-" * (12 * len(head))]
@@ -162,11 +173,23 @@ def table(rows, names, world, baseline):
     return "\n".join(lines)
 
 
-def efficiency(rows, world, baseline_path):
+SAME_PROBLEM = ("heads_q", "heads_kv", "hdim", "dtype", "causal")
+
+
+def efficiency(rows, world, baseline_path, config=None):
+    """Adds each row's efficiency against the one-GPU run in baseline_path (whose problem,
+    SAME_PROBLEM of its config, must be this run's)."""
     if not baseline_path:
         return
     with open(baseline_path) as f:
-        base = {r["seqlen"]: r["results"] for r in json.load(f)["results"]}
+        payload = json.load(f)
+    if config is not None:
+        theirs = payload.get("config", {})
+        differ = [k for k in SAME_PROBLEM if theirs.get(k) != config.get(k)]
+        if differ:
+            raise SystemExit(f"--baseline {baseline_path} times another problem "
+                             f"({', '.join(differ)} differ)")
+    base = {r["seqlen"]: r["results"] for r in payload["results"]}
     for row in rows:
         row["efficiency"] = {}
         for name, res in row["results"].items():
@@ -206,6 +229,8 @@ def main(argv=None):
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cuda", (world,))
+    config = {k: v for k, v in vars(args).items() if k not in ("json", "plot")}
+    efficiency([], world, args.baseline, config)  # a baseline of another problem stops here
     set_rotate_method(args.rotate)
     # torch balances causal shards head-tail and refuses the balance without a causal mask.
     _cp_options.enable_load_balance = args.causal
@@ -220,19 +245,18 @@ def main(argv=None):
         flops = attention_flops(seqlen, args.heads_q, args.hdim, args.causal)
         for res in results.values():
             if "ms" in res:
-                res["tflops"] = flops / (res["ms"] * 1e9)
+                res["tflops_per_gpu"] = flops / (res["ms"] * 1e9) / world
         rows.append({"seqlen": seqlen, "results": results})
         if rank == 0:
             print(f"{seqlen // 1024}k: " + "; ".join(
                 f"{n} " + (f"{r['ms']:.1f} ms {r['peak_gib']:.1f} GiB" if "ms" in r
                            else r["error"]) for n, r in results.items()), flush=True)
     if rank == 0:
-        efficiency(rows, world, args.baseline)
+        efficiency(rows, world, args.baseline, config)
         print(table(rows, args.backends, world, args.baseline))
         if args.json:
             payload = {"environment": dict(bench_attn.environment(), world_size=world),
-                       "config": {k: v for k, v in vars(args).items()
-                                  if k not in ("json", "plot")},
+                       "config": config,
                        "results": rows}
             with open(args.json, "w") as f:
                 json.dump(payload, f, indent=2)

@@ -151,5 +151,8 @@ def test_context_parallel_bench_parses_and_reports_without_a_gpu(tmp_path):
                                          "sdpa_cudnn": {"error": "RuntimeError: no"}}}]
     cp.efficiency(rows, 2, str(tmp_path / "one.json"))
     assert rows[0]["efficiency"] == {"flash_cuda": pytest.approx(0.8)}
+    (tmp_path / "other.json").write_text(json.dumps(dict(one, config={"hdim": 64})))
+    with pytest.raises(SystemExit, match="hdim"):
+        cp.efficiency(rows, 2, str(tmp_path / "other.json"), {"hdim": 128})
     text = cp.table(rows, ["flash_cuda", "sdpa_cudnn"], 2, True)
     assert "1k | 5.0 | - | 1.0 | - | - | 0.80 | -" in text

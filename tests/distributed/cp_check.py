@@ -6,8 +6,10 @@ Every rank builds the same inputs, runs torch's context parallel
 inputs sharded head-tail for balance) with flash_cuda activated as SDPA's flash-attention
 implementation, forward and backward, and gathers the output and the gradients back to the whole
 sequence.  Rank 0 compares them with a float32 reference on the whole sequence and writes
-{"errors": {...}, "bounds": {...}} as JSON: our error may be at most 2x that of torch's own math
-attention in the same low precision, plus fp32 rounding noise.
+{"errors": {...}, "bounds": {...}, "ran": {...}} as JSON: our error may be at most 2x that of
+torch's math attention computed in the low precision itself (its reductions too), plus fp32
+rounding noise; "ran" says whether flash_cuda's forward and backward ops ran in the ring (so
+that torch's own flash kernels cannot pass for them).
 
 Several ranks may share one GPU (the gloo backend), so the check runs wherever one GPU is.
 """
@@ -67,7 +69,9 @@ def run(rank, world, init_file, backend, case, result_path):
         activate_flash_attention_impl("flash_cuda")
         try:
             cq, ck, cv, cdo = (t.clone() for t in (q, k, v, dout))
-            with context_parallel(mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2]):
+            cpu = [torch.profiler.ProfilerActivity.CPU]
+            with context_parallel(mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2]), \
+                    torch.profiler.profile(activities=cpu) as prof:
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                     for t in (cq, ck, cv):
                         t.requires_grad_()
@@ -78,13 +82,22 @@ def run(rank, world, init_file, backend, case, result_path):
                     for t in (cq, ck, cv):
                         t.requires_grad_(False)
             got = context_parallel_unshard(mesh, [out.detach(), *grads], [2, 2, 2, 2])
+            ops = {e.key for e in prof.key_averages()}
+            ran = {op: f"flash_cuda::{op}" in ops for op in ("fwd", "bwd")}
         finally:
             restore_flash_attention_impl()
 
         if rank == 0:
             with sdpa_kernel(SDPBackend.MATH):
                 want = _attention(*(t.float() for t in (q, k, v, dout)), causal)
-                lowp = _attention(q, k, v, dout, causal)
+                # Low precision throughout, reductions included (by default the math backend
+                # reduces 16-bit inputs in float32 and rounds only its outputs).
+                allowed = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+                torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
+                try:
+                    lowp = _attention(q, k, v, dout, causal)
+                finally:
+                    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
             names = ("out", "dq", "dk", "dv")
             errors = {n: (a.float() - w).abs().max().item() for n, a, w in zip(names, got, want)}
             lowp_err = {n: (a.float() - w).abs().max().item() for n, a, w in zip(names, lowp, want)}
@@ -92,7 +105,8 @@ def run(rank, world, init_file, backend, case, result_path):
                       for n, w in zip(names, want)}
             nan = {n: bool(torch.isnan(a).any()) for n, a in zip(names, got)}
             with open(result_path, "w") as f:
-                json.dump({"errors": errors, "bounds": bounds, "lowp": lowp_err, "nan": nan}, f)
+                json.dump({"errors": errors, "bounds": bounds, "lowp": lowp_err, "nan": nan,
+                           "ran": ran}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()

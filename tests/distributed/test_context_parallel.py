@@ -32,12 +32,16 @@ CASES = {
 }
 
 
-def _needs(gpus):
+def _needs(gpus, case):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     import flash_cuda
-    if not flash_cuda.build_info()["kernels"]:
-        pytest.skip("this build has no CUDA kernels")
+    info = flash_cuda.build_info()
+    dtype = {"bfloat16": "bf16", "float16": "fp16"}[case["dtype"]]
+    both = set(info["head_dims"]["fwd"]) & set(info["head_dims"]["bwd"])
+    if dtype not in info["dtypes"] or not any(h >= case["hdim"] for h in both):
+        pytest.skip(f"this build has no {dtype} forward and backward kernels for head dim "
+                    f"{case['hdim']}")
     if torch.cuda.device_count() < gpus:
         pytest.skip(f"needs {gpus} GPUs; {torch.cuda.device_count()} visible")
 
@@ -51,6 +55,7 @@ def _run(world, backend, case, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(result.read_text())
+    assert all(r["ran"].values()), ("flash_cuda's ops did not run in the ring", r)
     assert not any(r["nan"].values()), r
     for name, err in r["errors"].items():
         assert err <= r["bounds"][name], (name, r)
@@ -60,12 +65,12 @@ def _run(world, backend, case, tmp_path):
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_nccl(world, case, tmp_path):
-    _needs(world)
+    _needs(world, CASES[case])
     _run(world, "nccl", CASES[case], tmp_path)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_gloo_ranks_share_one_gpu(case, tmp_path):
-    _needs(1)
+    _needs(1, CASES[case])
     _run(2, "gloo", CASES[case], tmp_path)
