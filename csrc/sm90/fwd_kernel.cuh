@@ -214,8 +214,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     }
   };
 
+  // `before_q` runs once the tile's first K load is issued, before Q's (it waits until Q's
+  // buffer is free and publishes the tile's index).
+  template <class BeforeQ>
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
-                              Pipeline& pipeline_v, const Work& w, PipelineState& write);
+                              Pipeline& pipeline_v, const Work& w, PipelineState& write,
+                              BeforeQ&& before_q);
   static __device__ void consume(const Params& params, SharedStorage& storage,
                                  Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w,
                                  PipelineState& read_k, PipelineState& read_v);
@@ -254,7 +258,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         cutlass::arch::warpgroup_reg_dealloc<Registers::kProducerRegs>();
         if (threadIdx.x == 0) {
           PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-          load(params, storage, pipeline_k, pipeline_v, w, write);
+          load(params, storage, pipeline_k, pipeline_v, w, write, [] {});
         }
       } else {
         cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
@@ -280,14 +284,17 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
           if (w.m_block * kBlockM < w.sq.extent) break;
         }
         // The consumers have read the previous index and are done with Q's buffer.
-        if (taken > 0) bars.barrier_q_free.wait((taken - 1) & 1);
+        auto wait_q_free = [&] {
+          if (taken > 0) bars.barrier_q_free.wait((taken - 1) & 1);
+          bars.tile = t;
+        };
         if (t >= params.total_tiles) {
-          bars.tile = -1;
+          t = -1;
+          wait_q_free();
           bars.barrier_q.arrive();
           break;
         }
-        bars.tile = t;
-        load(params, storage, pipeline_k, pipeline_v, Work(params, t), write);
+        load(params, storage, pipeline_k, pipeline_v, Work(params, t), write, wait_q_free);
         ++taken;
         // Claimed only now, while the consumers still work through the stages in flight: a
         // tile claimed before this one's loads would be bound to this block a whole tile early,
@@ -331,14 +338,17 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TensorA& a, const Tens
 }
 
 template <class ElementTag, int kHeadDim, class Config>
+template <class BeforeQ>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& params,
                                                               SharedStorage& storage,
                                                               Pipeline& pipeline_k,
                                                               Pipeline& pipeline_v,
                                                               const Work& w,
-                                                              PipelineState& write) {
+                                                              PipelineState& write,
+                                                              BeforeQ&& before_q) {
   Barriers& bars = storage.barriers;
   if (w.n_begin >= w.n_end) {  // no key to see: the consumers write zeros
+    before_q();
     bars.barrier_q.arrive();
     return;
   }
@@ -369,13 +379,17 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
 
   // Rows and columns outside the tensor arrive as zeros (TMA's bounds); rows of the next
   // packed sequence arrive as they are and are masked (Note [Hopper forward pipeline]).
-  bars.barrier_q.arrive_and_expect_tx(kQBytes);
-  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(bars.barrier_q), 0), tQgQ, tQsQ);
+  // The first K goes first: its stage is free before Q's buffer is.
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
     // Waits until the consumers released the stage, then arms its full barrier with the bytes.
     pipeline_k.producer_acquire(write);
     copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n),
          tKsK(_, write.index()));
+    if (n == w.n_end - 1) {
+      before_q();
+      bars.barrier_q.arrive_and_expect_tx(kQBytes);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(bars.barrier_q), 0), tQgQ, tQsQ);
+    }
     pipeline_v.producer_acquire(write);
     copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n),
          tVsV(_, write.index()));
@@ -501,6 +515,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       softmax.rescale(O);
       convert_into(tOrP, tSrS);
     }
+    // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the last
+    // P V and the epilogue run (unless it stages O).
+    if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
     wait_v();
     turn_begin();
     wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
@@ -509,9 +526,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     warpgroup_wait<0>();
     pipeline_v.consumer_release(read_v);
     ++read_v;
+  } else if constexpr (kSeparateO) {
+    storage.barriers.barrier_q_free.arrive();
   }
-  // Q's buffer is free once every GEMM of the tile has run, unless it stages O.
-  if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
 
   float lse[kRows];
   softmax.finish(O, p.softmax_scale, lse);
