@@ -1,5 +1,5 @@
 """A small set of forward and backward calls for compute-sanitizer, one per kind of tile the
-kernels run (dense, causal, window, GQA, varlen with an empty sequence, padded head dim), for
+kernels run (dense, causal, window, GQA, varlen with an empty sequence, more tiles than SMs, padded head dim), for
 every kernel family the GPU runs, and the KV-cache paths (decode over dense and paged caches,
 split or not, append with rotary, a longer query, chunked prefill).  Not collected by pytest (no test_ prefix); run as
 
@@ -45,6 +45,14 @@ def calls():
     qv = torch.randn(sum(lens), 4, d, device="cuda", dtype=dt)
     kv = torch.randn(sum(lens), 2, d, device="cuda", dtype=dt)
     yield "varlen", lambda: flash_attn_varlen_func(qv, kv, kv, cu, cu, 257, 257, causal=True)
+    # More query tiles than SMs (about 300): persistent blocks take several tiles in turn.
+    lens_q, lens_k = [300, 0, 129, 700, 17] * 4, [200, 5, 0, 700, 300] * 4
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    qm = torch.randn(sum(lens_q), 8, d, device="cuda", dtype=dt)
+    km = torch.randn(sum(lens_k), 2, d, device="cuda", dtype=dt)
+    yield "many tiles", lambda: flash_attn_varlen_func(qm, km, km, cu_q, cu_k, 700, 700,
+                                                       causal=True)
     yield "backward", lambda: torch.autograd.grad(flash_attn_func(q, k, v, causal=True).sum(),
                                                   (q, k, v))
 

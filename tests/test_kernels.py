@@ -200,6 +200,22 @@ def test_varlen(d, window, causal, batch):
     varlen_case(DTYPES[0], d, batch[0], batch[1], 4, 2, window, causal)
 
 
+# 36 sequences, 114 query tiles of 128 rows per head: more tiles than an H200 has SMs, so a
+# persistent block takes several in turn, with sequences that have no rows or no keys between
+# the others.
+MANY_TILES_BATCH = ([300, 0, 129, 1000, 17, 640] * 6, [200, 5, 0, 1000, 300, 640] * 6)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("d", FAST_HEAD_DIMS)
+@pytest.mark.parametrize("window,causal", MASKS[:4])
+def test_blocks_take_many_tiles(d, window, causal):
+    """A persistent block issues its next tile's first S = Q K^T before this tile's epilogue and
+    frees Q's buffer before its last P V: every tile of a long schedule must still be right."""
+    lens_q, lens_k = MANY_TILES_BATCH
+    varlen_case(DTYPES[0], d, lens_q, lens_k, 8, 2, window, causal)
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_seqused(causal):

@@ -194,6 +194,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     SeqlenInfo sq, sk;
     int n_begin, n_end;
 
+    Work() = default;
     __device__ __forceinline__ Work(const Params& params, int t)
         : Work(params.problem, params.tiles_x,
                block_tile(params.problem.block_shift, t % params.tiles_x,
@@ -220,9 +221,13 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, const Work& w, PipelineState& write,
                               BeforeQ&& before_q);
+  // The consumer warp groups' side of every tile the block takes.  The next tile's first
+  // S = Q K^T is issued before this tile's epilogue, so that it runs on the tensor cores while O
+  // is written out: Q's buffer must be free before the epilogue (kSeparateO), or the tile the
+  // block's only one.
   static __device__ void consume(const Params& params, SharedStorage& storage,
-                                 Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w,
-                                 PipelineState& read_k, PipelineState& read_v);
+                                 Pipeline& pipeline_k, Pipeline& pipeline_v);
+  static_assert(!kPersistent || kSeparateO, "the next Q loads before this tile's epilogue");
   template <class TensorO, class TensorLse>
   static __device__ void epilogue(const Params& params, SharedStorage& storage, const Work& w,
                                   TensorO& o, TensorLse& lse);
@@ -262,9 +267,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         }
       } else {
         cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
-        PipelineState read_k, read_v;
-        bars.barrier_q.wait(0);
-        consume(params, storage, pipeline_k, pipeline_v, w, read_k, read_v);
+        consume(params, storage, pipeline_k, pipeline_v);
       }
       return;
     }
@@ -303,13 +306,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
-      PipelineState read_k, read_v;
-      for (int taken = 0;; ++taken) {
-        bars.barrier_q.wait(taken & 1);
-        const int t = *static_cast<volatile int*>(&bars.tile);
-        if (t < 0) break;
-        consume(params, storage, pipeline_k, pipeline_v, Work(params, t), read_k, read_v);
-      }
+      consume(params, storage, pipeline_k, pipeline_v);
     }
   }
 };
@@ -401,15 +398,11 @@ template <class ElementTag, int kHeadDim, class Config>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& params,
                                                                  SharedStorage& storage,
                                                                  Pipeline& pipeline_k,
-                                                                 Pipeline& pipeline_v,
-                                                                 const Work& w,
-                                                                 PipelineState& read_k,
-                                                                 PipelineState& read_v) {
+                                                                 Pipeline& pipeline_v) {
   const FwdParams& p = params.problem;
+  Barriers& bars = storage.barriers;
   const int tid = threadIdx.x - 128;  // among the consumers
-  const int m0 = w.m_block * kBlockM;
-  const int wg_m0 = m0 + (tid / 128) * 64;  // this warp group's first row
-  const MaskInfo mask = w.mask(p);
+  const uint32_t wg = tid / 128;
   TiledMmaQK mma_qk;
   TiledMmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(tid);
@@ -429,26 +422,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(select<0, 1>(TileShapeQK{})));
   Tensor cS = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(S))::value;
-  OnlineSoftmax<kRows> softmax(p.softmax_scale * float(M_LOG2E));
-  clear(tOrO);
-
-  // Masked scores are -inf (NaN and garbage of keys past the sequence included).
-  auto apply_mask = [&](int n_block) {
-    const int n0 = n_block * kBlockN;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      int lo, hi;
-      mask.visible_keys(m0 + get<0>(cS(r, 0)), lo, hi);
-#pragma unroll
-      for (int c = 0; c < size<1>(S); ++c) {
-        const int j = n0 + get<1>(cS(r, c));
-        if (j < lo || j >= hi) S(r, c) = -INFINITY;
-      }
-    }
-  };
+  PipelineState read_k, read_v;
 
   // The scheduler barriers of kPingPong: 128 threads sync, the other warp group's 128 arrive.
-  const uint32_t wg = tid / 128;
   auto turn_begin = [&] {
     if constexpr (kPingPong) {
       cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
@@ -460,80 +436,133 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     }
   };
 
-  if (w.n_begin < w.n_end) {
+  // The next tile once its Q has landed, or false when none is left.
+  int taken = 0;
+  auto next_work = [&](Work& w) {
+    if constexpr (kPersistent) {
+      bars.barrier_q.wait(taken & 1);
+      ++taken;
+      const int t = *static_cast<volatile int*>(&bars.tile);
+      if (t < 0) return false;
+      w = Work(params, t);
+      return true;
+    } else {
+      if (taken++ > 0) return false;
+      bars.barrier_q.wait(0);
+      w = Work(p, params.tiles_x, block_tile(p.block_shift));
+      return true;
+    }
+  };
+  // S = Q K^T of the tile's first key tile (the last in key order), issued, not waited for.
+  auto issue_first_s = [&](const Work& w) {
+    if (w.n_begin >= w.n_end) return;
     if (wg == 1) turn_end();  // warp group 0 goes first
-    int n = w.n_end - 1;
     pipeline_k.consumer_wait(read_k);
     turn_begin();
     wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
     turn_end();
-    warpgroup_wait<0>();
-    pipeline_k.consumer_release(read_k);
-    ++read_k;
-    apply_mask(n);
-    softmax.template step<true>(S);
-    convert_into(tOrP, tSrS);
+  };
 
-    // Waits for the next V tile; in the first, rows past the keys are zeroed before any wgmma
-    // reads them.  Outside the turns: it waits for every consumer.
-    bool first_v = true;
-    auto wait_v = [&] {
-      pipeline_v.consumer_wait(read_v);
-      const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
-      if (first_v && tail > 0) {
-        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
-        constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
-        for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
-          Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
-                             read_v.index());
-          *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
+  Work w;
+  if (!next_work(w)) return;
+  issue_first_s(w);
+  while (true) {
+    const int m0 = w.m_block * kBlockM;
+    const int wg_m0 = m0 + int(wg) * 64;  // this warp group's first row
+    const MaskInfo mask = w.mask(p);
+    OnlineSoftmax<kRows> softmax(p.softmax_scale * float(M_LOG2E));
+    clear(tOrO);
+
+    // Masked scores are -inf (NaN and garbage of keys past the sequence included).
+    auto apply_mask = [&](int n_block) {
+      const int n0 = n_block * kBlockN;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        int lo, hi;
+        mask.visible_keys(m0 + get<0>(cS(r, 0)), lo, hi);
+#pragma unroll
+        for (int c = 0; c < size<1>(S); ++c) {
+          const int j = n0 + get<1>(cS(r, c));
+          if (j < lo || j >= hi) S(r, c) = -INFINITY;
         }
-        // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
-        // consumer warp group.
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
       }
-      first_v = false;
     };
 
-    for (; n > w.n_begin; --n) {
-      pipeline_k.consumer_wait(read_k);
-      if constexpr (kPingPong) wait_v();  // outside the turn
-      turn_begin();
-      wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-      if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
-      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-      turn_end();
-      warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
+    if (w.n_begin < w.n_end) {
+      int n = w.n_end - 1;
+      warpgroup_wait<0>();  // the first S, issued by issue_first_s
       pipeline_k.consumer_release(read_k);
       ++read_k;
-      if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
-      softmax.template step<false>(S);
+      apply_mask(n);
+      softmax.template step<true>(S);
+      convert_into(tOrP, tSrS);
+
+      // Waits for the next V tile; in the first, rows past the keys are zeroed before any
+      // wgmma reads them.  Outside the turns: it waits for every consumer.
+      bool first_v = true;
+      auto wait_v = [&] {
+        pipeline_v.consumer_wait(read_v);
+        const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
+        if (first_v && tail > 0) {
+          Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
+          constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
+          for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
+            Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
+                               read_v.index());
+            *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
+          }
+          // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
+          // consumer warp group.
+          cutlass::arch::fence_view_async_shared();
+          cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
+        }
+        first_v = false;
+      };
+
+      for (; n > w.n_begin; --n) {
+        pipeline_k.consumer_wait(read_k);
+        if constexpr (kPingPong) wait_v();  // outside the turn
+        turn_begin();
+        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
+        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        turn_end();
+        warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
+        pipeline_k.consumer_release(read_k);
+        ++read_k;
+        if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
+        softmax.template step<false>(S);
+        warpgroup_wait<0>();
+        pipeline_v.consumer_release(read_v);
+        ++read_v;
+        softmax.rescale(O);
+        convert_into(tOrP, tSrS);
+      }
+      // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
+      // last P V and the epilogue run (unless it stages O).
+      if constexpr (kSeparateO) bars.barrier_q_free.arrive();
+      wait_v();
+      turn_begin();
+      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      turn_end();
+      if (wg == 0) turn_begin();  // matches warp group 1's first arrive
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;
-      softmax.rescale(O);
-      convert_into(tOrP, tSrS);
+    } else if constexpr (kSeparateO) {
+      bars.barrier_q_free.arrive();
     }
-    // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the last
-    // P V and the epilogue run (unless it stages O).
-    if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
-    wait_v();
-    turn_begin();
-    wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-    turn_end();
-    if (wg == 0) turn_begin();  // matches warp group 1's first arrive
-    warpgroup_wait<0>();
-    pipeline_v.consumer_release(read_v);
-    ++read_v;
-  } else if constexpr (kSeparateO) {
-    storage.barriers.barrier_q_free.arrive();
-  }
 
-  float lse[kRows];
-  softmax.finish(O, p.softmax_scale, lse);
-  epilogue(params, storage, w, tOrO, lse);
-  if constexpr (kPersistent && !kSeparateO) storage.barriers.barrier_q_free.arrive();
+    float lse[kRows];
+    softmax.finish(O, p.softmax_scale, lse);
+    // The next tile's first S runs on the tensor cores while this tile's O is written out.
+    Work next;
+    const bool more = next_work(next);
+    if (more) issue_first_s(next);
+    epilogue(params, storage, w, tOrO, lse);
+    if (!more) break;
+    w = next;
+  }
 }
 
 template <class ElementTag, int kHeadDim, class Config>
