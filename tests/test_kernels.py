@@ -210,8 +210,8 @@ MANY_TILES_BATCH = ([300, 0, 129, 1000, 17, 640] * 6, [200, 5, 0, 1000, 300, 640
 @pytest.mark.parametrize("d", FAST_HEAD_DIMS)
 @pytest.mark.parametrize("window,causal", MASKS[:4])
 def test_blocks_take_many_tiles(d, window, causal):
-    """A persistent block issues its next tile's first S = Q K^T before this tile's epilogue and
-    frees Q's buffer before its last P V: every tile of a long schedule must still be right."""
+    """A persistent block frees Q's buffer before its last P V and loads the next tile's first K
+    before its Q: every tile of a long schedule must still be right."""
     lens_q, lens_k = MANY_TILES_BATCH
     varlen_case(DTYPES[0], d, lens_q, lens_k, 8, 2, window, causal)
 

@@ -13,7 +13,6 @@ struct SeqlenInfo {
   int extent;
   int len;
 
-  SeqlenInfo() = default;
   __device__ __forceinline__ SeqlenInfo(const SeqArgs& args, int batch_idx) {
     if (args.cu_seqlens != nullptr) {
       // Clamped to the packed tensor: cu_seqlens live on the GPU, where checking their values

@@ -19,9 +19,11 @@
 // - Q arrives on barrier_q, one phase per tile (a tile with no visible key gets a plain arrive:
 //   the consumers wait on every tile, which keeps them at most one tile ahead of the producer).
 //   The producer loads the next Q only after barrier_q_free says every consumer is done with
-//   Q's buffer: after its last GEMM where O has a staging buffer of its own (kSeparateO), after
-//   the epilogue where O is staged in Q's buffer (head dims 192 and 256, whose shared memory
-//   holds no second buffer).
+//   Q's buffer: after its last S = Q K^T where O has a staging buffer of its own (kSeparateO),
+//   so that the next Q lands under the last P V and the epilogue; after the epilogue where O is
+//   staged in Q's buffer (head dims 192 and 256, whose shared memory holds no second buffer).
+//   The tile's first K is issued before that wait: its stage is free as soon as this tile's
+//   last S has read it (NOTES entry 50: +4-11% at seqlen 512-2k).
 // - K and V have a pipeline each (full barriers counting TMA bytes, empty barriers counting the
 //   consumer threads), so that K of the next key tile can land while V of this one is read.
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
@@ -194,7 +196,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     SeqlenInfo sq, sk;
     int n_begin, n_end;
 
-    Work() = default;
     __device__ __forceinline__ Work(const Params& params, int t)
         : Work(params.problem, params.tiles_x,
                block_tile(params.problem.block_shift, t % params.tiles_x,
@@ -221,13 +222,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, const Work& w, PipelineState& write,
                               BeforeQ&& before_q);
-  // The consumer warp groups' side of every tile the block takes.  The next tile's first
-  // S = Q K^T is issued before this tile's epilogue, so that it runs on the tensor cores while O
-  // is written out: Q's buffer must be free before the epilogue (kSeparateO), or the tile the
-  // block's only one.
   static __device__ void consume(const Params& params, SharedStorage& storage,
-                                 Pipeline& pipeline_k, Pipeline& pipeline_v);
-  static_assert(!kPersistent || kSeparateO, "the next Q loads before this tile's epilogue");
+                                 Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w,
+                                 PipelineState& read_k, PipelineState& read_v);
   template <class TensorO, class TensorLse>
   static __device__ void epilogue(const Params& params, SharedStorage& storage, const Work& w,
                                   TensorO& o, TensorLse& lse);
@@ -267,7 +264,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         }
       } else {
         cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
-        consume(params, storage, pipeline_k, pipeline_v);
+        PipelineState read_k, read_v;
+        bars.barrier_q.wait(0);
+        consume(params, storage, pipeline_k, pipeline_v, w, read_k, read_v);
       }
       return;
     }
@@ -306,7 +305,13 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
-      consume(params, storage, pipeline_k, pipeline_v);
+      PipelineState read_k, read_v;
+      for (int taken = 0;; ++taken) {
+        bars.barrier_q.wait(taken & 1);
+        const int t = *static_cast<volatile int*>(&bars.tile);
+        if (t < 0) break;
+        consume(params, storage, pipeline_k, pipeline_v, Work(params, t), read_k, read_v);
+      }
     }
   }
 };
@@ -398,11 +403,15 @@ template <class ElementTag, int kHeadDim, class Config>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& params,
                                                                  SharedStorage& storage,
                                                                  Pipeline& pipeline_k,
-                                                                 Pipeline& pipeline_v) {
+                                                                 Pipeline& pipeline_v,
+                                                                 const Work& w,
+                                                                 PipelineState& read_k,
+                                                                 PipelineState& read_v) {
   const FwdParams& p = params.problem;
-  Barriers& bars = storage.barriers;
   const int tid = threadIdx.x - 128;  // among the consumers
-  const uint32_t wg = tid / 128;
+  const int m0 = w.m_block * kBlockM;
+  const int wg_m0 = m0 + (tid / 128) * 64;  // this warp group's first row
+  const MaskInfo mask = w.mask(p);
   TiledMmaQK mma_qk;
   TiledMmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(tid);
@@ -422,9 +431,26 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(select<0, 1>(TileShapeQK{})));
   Tensor cS = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(S))::value;
-  PipelineState read_k, read_v;
+  OnlineSoftmax<kRows> softmax(p.softmax_scale * float(M_LOG2E));
+  clear(tOrO);
+
+  // Masked scores are -inf (NaN and garbage of keys past the sequence included).
+  auto apply_mask = [&](int n_block) {
+    const int n0 = n_block * kBlockN;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      int lo, hi;
+      mask.visible_keys(m0 + get<0>(cS(r, 0)), lo, hi);
+#pragma unroll
+      for (int c = 0; c < size<1>(S); ++c) {
+        const int j = n0 + get<1>(cS(r, c));
+        if (j < lo || j >= hi) S(r, c) = -INFINITY;
+      }
+    }
+  };
 
   // The scheduler barriers of kPingPong: 128 threads sync, the other warp group's 128 arrive.
+  const uint32_t wg = tid / 128;
   auto turn_begin = [&] {
     if constexpr (kPingPong) {
       cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
@@ -436,133 +462,80 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     }
   };
 
-  // The next tile once its Q has landed, or false when none is left.
-  int taken = 0;
-  auto next_work = [&](Work& w) {
-    if constexpr (kPersistent) {
-      bars.barrier_q.wait(taken & 1);
-      ++taken;
-      const int t = *static_cast<volatile int*>(&bars.tile);
-      if (t < 0) return false;
-      w = Work(params, t);
-      return true;
-    } else {
-      if (taken++ > 0) return false;
-      bars.barrier_q.wait(0);
-      w = Work(p, params.tiles_x, block_tile(p.block_shift));
-      return true;
-    }
-  };
-  // S = Q K^T of the tile's first key tile (the last in key order), issued, not waited for.
-  auto issue_first_s = [&](const Work& w) {
-    if (w.n_begin >= w.n_end) return;
+  if (w.n_begin < w.n_end) {
     if (wg == 1) turn_end();  // warp group 0 goes first
+    int n = w.n_end - 1;
     pipeline_k.consumer_wait(read_k);
     turn_begin();
     wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
     turn_end();
-  };
+    warpgroup_wait<0>();
+    pipeline_k.consumer_release(read_k);
+    ++read_k;
+    apply_mask(n);
+    softmax.template step<true>(S);
+    convert_into(tOrP, tSrS);
 
-  Work w;
-  if (!next_work(w)) return;
-  issue_first_s(w);
-  while (true) {
-    const int m0 = w.m_block * kBlockM;
-    const int wg_m0 = m0 + int(wg) * 64;  // this warp group's first row
-    const MaskInfo mask = w.mask(p);
-    OnlineSoftmax<kRows> softmax(p.softmax_scale * float(M_LOG2E));
-    clear(tOrO);
-
-    // Masked scores are -inf (NaN and garbage of keys past the sequence included).
-    auto apply_mask = [&](int n_block) {
-      const int n0 = n_block * kBlockN;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        int lo, hi;
-        mask.visible_keys(m0 + get<0>(cS(r, 0)), lo, hi);
-#pragma unroll
-        for (int c = 0; c < size<1>(S); ++c) {
-          const int j = n0 + get<1>(cS(r, c));
-          if (j < lo || j >= hi) S(r, c) = -INFINITY;
+    // Waits for the next V tile; in the first, rows past the keys are zeroed before any wgmma
+    // reads them.  Outside the turns: it waits for every consumer.
+    bool first_v = true;
+    auto wait_v = [&] {
+      pipeline_v.consumer_wait(read_v);
+      const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
+      if (first_v && tail > 0) {
+        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
+        constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
+        for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
+          Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
+                             read_v.index());
+          *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
         }
+        // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
+        // consumer warp group.
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
       }
+      first_v = false;
     };
 
-    if (w.n_begin < w.n_end) {
-      int n = w.n_end - 1;
-      warpgroup_wait<0>();  // the first S, issued by issue_first_s
-      pipeline_k.consumer_release(read_k);
-      ++read_k;
-      apply_mask(n);
-      softmax.template step<true>(S);
-      convert_into(tOrP, tSrS);
-
-      // Waits for the next V tile; in the first, rows past the keys are zeroed before any
-      // wgmma reads them.  Outside the turns: it waits for every consumer.
-      bool first_v = true;
-      auto wait_v = [&] {
-        pipeline_v.consumer_wait(read_v);
-        const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
-        if (first_v && tail > 0) {
-          Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
-          constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
-          for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
-            Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
-                               read_v.index());
-            *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
-          }
-          // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
-          // consumer warp group.
-          cutlass::arch::fence_view_async_shared();
-          cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
-        }
-        first_v = false;
-      };
-
-      for (; n > w.n_begin; --n) {
-        pipeline_k.consumer_wait(read_k);
-        if constexpr (kPingPong) wait_v();  // outside the turn
-        turn_begin();
-        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-        if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
-        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-        turn_end();
-        warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
-        pipeline_k.consumer_release(read_k);
-        ++read_k;
-        if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
-        softmax.template step<false>(S);
-        warpgroup_wait<0>();
-        pipeline_v.consumer_release(read_v);
-        ++read_v;
-        softmax.rescale(O);
-        convert_into(tOrP, tSrS);
-      }
-      // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
-      // last P V and the epilogue run (unless it stages O).
-      if constexpr (kSeparateO) bars.barrier_q_free.arrive();
-      wait_v();
+    for (; n > w.n_begin; --n) {
+      pipeline_k.consumer_wait(read_k);
+      if constexpr (kPingPong) wait_v();  // outside the turn
       turn_begin();
+      wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+      if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
       wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
       turn_end();
-      if (wg == 0) turn_begin();  // matches warp group 1's first arrive
+      warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+      if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
+      softmax.template step<false>(S);
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;
-    } else if constexpr (kSeparateO) {
-      bars.barrier_q_free.arrive();
+      softmax.rescale(O);
+      convert_into(tOrP, tSrS);
     }
-
-    float lse[kRows];
-    softmax.finish(O, p.softmax_scale, lse);
-    // The next tile's first S runs on the tensor cores while this tile's O is written out.
-    Work next;
-    const bool more = next_work(next);
-    if (more) issue_first_s(next);
-    epilogue(params, storage, w, tOrO, lse);
-    if (!more) break;
-    w = next;
+    // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the last
+    // P V and the epilogue run (unless it stages O).
+    if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
+    wait_v();
+    turn_begin();
+    wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+    turn_end();
+    if (wg == 0) turn_begin();  // matches warp group 1's first arrive
+    warpgroup_wait<0>();
+    pipeline_v.consumer_release(read_v);
+    ++read_v;
+  } else if constexpr (kSeparateO) {
+    storage.barriers.barrier_q_free.arrive();
   }
+
+  float lse[kRows];
+  softmax.finish(O, p.softmax_scale, lse);
+  epilogue(params, storage, w, tOrO, lse);
+  if constexpr (kPersistent && !kSeparateO) storage.barriers.barrier_q_free.arrive();
 }
 
 template <class ElementTag, int kHeadDim, class Config>
