@@ -1,7 +1,8 @@
 """A small set of forward and backward calls for compute-sanitizer, one per kind of tile the
-kernels run (dense, causal, window, GQA, varlen with an empty sequence, more tiles than SMs, padded head dim), for
-every kernel family the GPU runs, and the KV-cache paths (decode over dense and paged caches,
-split or not, append with rotary, a longer query, chunked prefill).  Not collected by pytest (no test_ prefix); run as
+kernels run (dense, causal, window, GQA, varlen with an empty sequence, more tiles than SMs,
+padded head dim), for every kernel family the GPU runs, and the KV-cache paths (decode over
+dense and paged caches, split or not, append with rotary, a longer query, chunked prefill).
+Not collected by pytest (no test_ prefix); run as
 
     for tool in memcheck racecheck synccheck; do
         compute-sanitizer --tool $tool --error-exitcode 1 python tests/sanitize.py || echo $tool failed

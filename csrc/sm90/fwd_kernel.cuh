@@ -23,7 +23,7 @@
 //   so that the next Q lands under the last P V and the epilogue; after the epilogue where O is
 //   staged in Q's buffer (head dims 192 and 256, whose shared memory holds no second buffer).
 //   The tile's first K is issued before that wait: its stage is free as soon as this tile's
-//   last S has read it (NOTES entry 50: +4-11% at seqlen 512-2k).
+//   last S has read it (NOTES entry 50: +3-11% at seqlen 512-2k).
 // - K and V have a pipeline each (full barriers counting TMA bytes, empty barriers counting the
 //   consumer threads), so that K of the next key tile can land while V of this one is read.
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
