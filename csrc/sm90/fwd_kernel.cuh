@@ -32,11 +32,12 @@
 // - Inside a warp group the GEMMs overlap the softmax: iteration n issues S_n = Q K_n^T and
 //   O += P_{n+1} V_{n+1}, waits for S_n only, runs the softmax of S_n while the P V wgmma still
 //   runs, then waits for it and rescales O.
-// - With kPingPong the two consumer warp groups also take turns: each issues its GEMMs between
-//   a sync on its own scheduler barrier and an arrive on the other's, so the GEMMs of one run
-//   while the other does its softmax.  Warp group 1 grants the first turn, and warp group 0
-//   takes one more turn at the end so that every arrive is matched.  Nothing inside a turn may
-//   wait for the other warp group (the V-tail barrier below is taken outside the turns).
+// - With kPingPong the consumer warp groups also take turns, in a round: each issues its GEMMs
+//   between a sync on its own scheduler barrier and an arrive on the next one's, so the GEMMs
+//   of one run while the others do their softmax.  The last warp group grants the first turn,
+//   and warp group 0 takes one more turn at the end so that every arrive is matched.  Nothing
+//   inside a turn may wait for another warp group (the V-tail barrier below is taken outside
+//   the turns).
 // - Rows past a sequence's keys in the first (partial) V tile hold whatever follows in memory
 //   (the next packed sequence, an unused cache slot): their P is exactly 0, but 0 * NaN is NaN,
 //   so the consumers zero those rows of the stage before its first P V wgmma.
@@ -107,7 +108,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma's shapes");
   static constexpr bool kPingPong = Config::kPingPong;
   static constexpr bool kPersistent = Config::kPersistent;
-  static_assert(!kPingPong || kConsumerWarpGroups == 2, "turns between two warp groups");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O += P V
@@ -449,7 +449,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     }
   };
 
-  // The scheduler barriers of kPingPong: 128 threads sync, the other warp group's 128 arrive.
+  // The scheduler barriers of kPingPong: a warp group's 128 threads sync on its own, the 128 of
+  // the warp group before it (in a round) arrive.
   const uint32_t wg = tid / 128;
   auto turn_begin = [&] {
     if constexpr (kPingPong) {
@@ -458,12 +459,13 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   };
   auto turn_end = [&] {
     if constexpr (kPingPong) {
-      cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0) + (1 - wg));
+      cutlass::arch::NamedBarrier::arrive(
+          256, uint32_t(FwdBarrier::kSchedule0) + (wg + 1) % kConsumerWarpGroups);
     }
   };
 
   if (w.n_begin < w.n_end) {
-    if (wg == 1) turn_end();  // warp group 0 goes first
+    if (wg == kConsumerWarpGroups - 1) turn_end();  // warp group 0 goes first
     int n = w.n_end - 1;
     pipeline_k.consumer_wait(read_k);
     turn_begin();
@@ -524,7 +526,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     turn_begin();
     wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
     turn_end();
-    if (wg == 0) turn_begin();  // matches warp group 1's first arrive
+    if (wg == 0) turn_begin();  // matches the last warp group's first arrive
     warpgroup_wait<0>();
     pipeline_v.consumer_release(read_v);
     ++read_v;
