@@ -41,9 +41,13 @@
 // - Rows past a sequence's keys in the first (partial) V tile hold whatever follows in memory
 //   (the next packed sequence, an unused cache slot): their P is exactly 0, but 0 * NaN is NaN,
 //   so the consumers zero those rows of the stage before its first P V wgmma.
-// - The epilogue stages O (in its own buffer, or in Q's: each warp group only ever read its own
-//   64 rows of Q) and copies it out in 16-byte stores; rows past the sequence and head-dim
-//   padding stay unwritten.
+// - The epilogue stages O by stmatrix (in its own buffer, or in Q's: each warp group only ever
+//   read its own 64 rows of Q).  From its own buffer, a dense O leaves by one TMA store per warp
+//   group, which the consumers do not wait for: the store's issuer waits for it to have read
+//   the buffer only before the next tile's O is staged there, and before the block ends.
+//   Otherwise (packed sequences, whose tile would run into the next one; O in Q's buffer) the
+//   warp group copies it out in 16-byte stores.  Rows past the sequence and head-dim padding
+//   stay unwritten either way.
 #pragma once
 
 // wgmma shapes whose N is not a power of 2 (kBlockN = 80, 96, ...), before any CuTe header.
@@ -140,6 +144,14 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
                                        take<0, 2>(SmemLayoutKV{}), select<1, 2>(TileShapeQK{}),
                                        _1{}));
+  // O's staging: each warp group's 64 rows in a slab of their own, which its TMA store reads
+  // (a slab of Q's layout would interleave the warp groups' rows); where O is staged in Q's
+  // buffer (no kSeparateO), Q's layout, since another warp group may still read its Q rows.
+  using SmemLayoutOSlab = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}));
+  using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                             GmemShape{}, GmemStride{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOSlab{},
+                                      Shape<_64, Int<kHeadDim>>{}, _1{}));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
@@ -168,6 +180,14 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     Barriers barriers;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  // (M, D) over the slabs: row m is row m % 64 of slab m / 64.
+  using SmemLayoutO = std::conditional_t<
+      kSeparateO,
+      decltype(composition(
+          tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>, Int<kConsumerWarpGroups>>{}),
+          Layout<Shape<Shape<_64, Int<kConsumerWarpGroups>>, Int<kHeadDim>>,
+                 Stride<Stride<_1, Int<64 * kHeadDim>>, _64>>{})),
+      SmemLayoutQ>;
   static_assert(kSmemBytes <= kMaxSmemBytes, "the tile fits an sm90 block");
   static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
     if constexpr (kSeparateO) {
@@ -181,6 +201,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     TmaQ tma_q;
     TmaKV tma_k;
     TmaKV tma_v;
+    TmaO tma_o;       // O's rows as Q's, with O's strides
+    bool tma_store_o;  // O leaves by TMA (a dense O staged in its own buffer); else 16-byte stores
     GmemShape shape_q;
     GmemShape shape_k;
     FwdParams problem;  // outputs, sequences, mask, scale
@@ -312,6 +334,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         if (t < 0) break;
         consume(params, storage, pipeline_k, pipeline_v, Work(params, t), read_k, read_v);
       }
+      // Shared memory must outlive the TMA stores that read it.
+      if (threadIdx.x % 128 == 0) tma_store_wait<0>();
     }
   }
 };
@@ -566,12 +590,14 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
     }
   }
 
-  // O: registers -> shared memory (stmatrix, Q's buffer, this warp group's rows) -> global.
+  // O: registers -> shared memory (stmatrix, this warp group's rows) -> global.
   Tensor tOrOut = make_tensor_like<Element>(tOrO);
   convert_into(tOrOut, tOrO);
-  Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutQ{});  // (M, D)
+  Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutO{});  // (M, D)
+  const bool leader = tid % 128 == 0;  // issues the warp group's TMA store
   // The warp group's copy-out of the previous tile has read its rows of the buffer.
   if constexpr (kSeparateO) {
+    if (leader) tma_store_wait<0>();
     cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
   }
   auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
@@ -579,6 +605,27 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
   Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);
   Tensor tOsCopy = thr_copy_o.partition_D(sO);
   copy(copy_o, tOrCopy, tOsCopy);
+  if constexpr (kSeparateO) {
+    if (params.tma_store_o) {
+      // The stmatrix writes (generic proxy) must be seen by the TMA store (async proxy).
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
+      if (leader) {
+        // Rows past the sequence lie past the tensor's rows, columns past the head dim past its
+        // columns: TMA writes neither.
+        Tensor mO = params.tma_o.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
+        Tensor gO = local_tile(mO(_, _, w.head, w.batch), Shape<_64, Int<kHeadDim>>{},
+                               make_coord(w.m_block * kConsumerWarpGroups + wg, _0{}));
+        Tensor sOSlab =
+            make_tensor(make_smem_ptr(o_buffer(storage) + wg * 64 * kHeadDim), SmemLayoutOSlab{});
+        auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
+                                          group_modes<0, 2>(sOSlab), group_modes<0, 2>(gO));
+        copy(params.tma_o, tOsO, tOgO);
+        tma_store_arrive();
+      }
+      return;
+    }
+  }
   // The warp group's 64 rows are staged; only it reads them back.
   cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
 

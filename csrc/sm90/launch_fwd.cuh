@@ -73,6 +73,16 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
                        make_stride(t.row_stride, _1{}, t.head_stride, t.batch_stride));
   };
   auto mQ = gmem(p.q, p.seq_q, p.heads_q);
+  // O leaves by TMA where its rows are the tensor's (not packed sequences, whose tile would
+  // run into the next sequence) and TMA can address it; otherwise the descriptor sits, unused,
+  // on Q's memory.
+  const bool tma_store_o = Kernel::kSeparateO && p.seq_q.cu_seqlens == nullptr &&
+                           tma_addressable<Element>(p.o);
+  auto mO = make_tensor(make_gmem_ptr(static_cast<Element*>(tma_store_o ? p.o.ptr : p.q.ptr)),
+                        mQ.shape(),
+                        tma_store_o ? make_stride(p.o.row_stride, _1{}, p.o.head_stride,
+                                                  p.o.batch_stride)
+                                    : mQ.stride());
   auto mK = gmem(p.k, p.seq_k, p.heads_kv);
   auto mV = gmem(p.v, p.seq_k, p.heads_kv);
   typename Kernel::Params params{
@@ -82,6 +92,9 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
                     select<1, 2>(typename Kernel::TileShapeQK{}), _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Kernel::SmemLayoutKV{}),
                     select<1, 2>(typename Kernel::TileShapeQK{}), _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kernel::SmemLayoutOSlab{},
+                    Shape<_64, Int<kHeadDim>>{}, _1{}),
+      tma_store_o,
       mQ.shape(),
       mK.shape(),
       p,
