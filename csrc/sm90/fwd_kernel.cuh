@@ -498,7 +498,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read_k);
     ++read_k;
-    apply_mask(n);
+    if (!mask.tile_all_visible(wg_m0, 64, n * kBlockN, kBlockN)) apply_mask(n);
     softmax.template step<true>(S);
     convert_into(tOrP, tSrS);
 
