@@ -95,7 +95,7 @@ template <class T, int kCols> constexpr auto k_major_smem_atom() {
 enum class FwdBarrier : uint32_t {
   kVTail = 0,       // all consumers: the zeroed rows of the first V tile are written
   kEpilogue0 = 1,   // + warp group (3 at most): its rows of O are staged in shared memory
-  kSchedule0 = 4,   // + warp group: its turn to issue GEMMs (kPingPong)
+  kSchedule0 = 4,   // + warp group: its turn to issue GEMMs (kPingPong; else a tile's first S)
 };
 
 template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
@@ -493,7 +493,18 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     int n = w.n_end - 1;
     pipeline_k.consumer_wait(read_k);
     turn_begin();
+    // Without kPingPong, the warp groups still issue a tile's first S = Q K^T in turn, so that
+    // the tensor cores run them one after the other and each warp group's first softmax runs
+    // under the next one's GEMM (they start a tile together, on one Q barrier).
+    if constexpr (!kPingPong) {
+      if (wg > 0) cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
+    }
     wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+    if constexpr (!kPingPong) {
+      if (wg + 1 < kConsumerWarpGroups) {
+        cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0) + wg + 1);
+      }
+    }
     turn_end();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read_k);
