@@ -37,7 +37,7 @@
 //   of one run while the others do their softmax.  The last warp group grants the first turn,
 //   and warp group 0 takes one more turn at the end so that every arrive is matched.  Nothing
 //   inside a turn may wait for another warp group (the V-tail barrier below is taken outside
-//   the turns).
+//   the turns).  Without kPingPong they take turns for a tile's first S only (NOTES entry 51).
 // - Rows past a sequence's keys in the first (partial) V tile hold whatever follows in memory
 //   (the next packed sequence, an unused cache slot): their P is exactly 0, but 0 * NaN is NaN,
 //   so the consumers zero those rows of the stage before its first P V wgmma.

@@ -12,17 +12,17 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // K and V per stage, all 16-bit: (kBlockM + 2 kStages kBlockN) kHeadDim 2 bytes <= 227 KB) and
 // the consumers' registers, which hold O (kHeadDim / 2 fp32 per thread), S (kBlockN / 2) and
 // P (kBlockN / 4) of their 64 rows.
-// kPingPong: the two consumer warp groups take turns issuing their GEMMs (Note [Hopper
-// forward pipeline]), so that one's softmax runs under the other's wgmma.  Off everywhere: with
-// it (and 2 x 64-row warp groups at head dim 64) the grid's forward lost 1-15% (NOTES entry 44).
+// kPingPong: the consumer warp groups take turns issuing every GEMM (Note [Hopper forward
+// pipeline]), so that one's softmax runs under the others' wgmma.  Off everywhere: timed alone
+// at head dims 64, 128 and 256 it lost 2-7% at most points of the grid (NOTES entries 44, 51).
 // kPersistent: one block per SM takes tiles in turn from a tile counter (Note [Hopper forward
 // pipeline]), which hides each tile's set-up and epilogue under the next tile's loads; otherwise
 // one block per tile.  Off at head dims 192 and 256: there O is staged in Q's buffer, so the next
 // Q cannot load before the epilogue ends, and the tile loop's registers cost the GEMM loop
 // spills; timed at 256, persistent or not, that code ran 2-9% below the one-tile kernel (NOTES
 // entry 47).
-// Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill 160 / 288 bytes:
-// 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
+// Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
+// bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 registers; 89 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
@@ -44,7 +44,7 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
 };
-template <> struct FwdTileConfig<256> {  // shared memory: 225 KB; 44 bytes of spill
+template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
