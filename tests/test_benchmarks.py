@@ -156,3 +156,25 @@ def test_context_parallel_bench_parses_and_reports_without_a_gpu(tmp_path):
         cp.efficiency(rows, 2, str(tmp_path / "other.json"), {"hdim": 128})
     text = cp.table(rows, ["flash_cuda", "sdpa_cudnn"], 2, True)
     assert "1k | 5.0 | - | 1.0 | - | - | 0.80 | -" in text
+
+
+def test_ncu_stalls_splits_the_sass_at_wgmma_waits():
+    import ncu_stalls
+    head = '"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier","stall_wait",' \
+           '"stall_wait (Not Issued)"'
+    rows = ['"0","HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ","2","0","2","1"',
+            '"1","WARPGROUP.DEPBAR.LE gsb0, 0x0","10","9","1","1"',
+            '"2","MUFU.EX2 R1, R1","1,000","0","1000","0"',
+            '"3","HGMMA.64x128x16.F32.BF16 R24, R152, gdesc[UR4], R24","3","0","3","0"',
+            '"4","WARPGROUP.DEPBAR.LE gsb0, 0x1","5","5","0","0"',
+            '"5","EXIT","0","0","0","0"']
+    text = "==PROF== preamble\n" + "\n".join([head] + rows) + "\n"
+    s = ncu_stalls.summarise(text, top=2)
+    assert s["instructions"] == 6 and s["samples"] == 1020
+    assert [(t["first"], t["last"], t["samples"], t["hgmma"]) for t in s["stretches"]] == \
+        [(0, 1, 12, 1), (2, 4, 1008, 1), (5, 5, 0, 0)]
+    # Not-issued columns are a subset of the samples, not a reason of their own.
+    assert dict(s["by_reason"]) == {"stall_wait": 1006, "stall_barrier": 14}
+    assert [i for i, _, _ in s["hottest"]] == [2, 1]
+    with pytest.raises(ValueError, match="source page"):
+        ncu_stalls.summarise('"a","b"\n"1","2"\n')
