@@ -178,3 +178,39 @@ def test_ncu_stalls_splits_the_sass_at_wgmma_waits():
     assert [i for i, _, _ in s["hottest"]] == [2, 1]
     with pytest.raises(ValueError, match="source page"):
         ncu_stalls.summarise('"a","b"\n"1","2"\n')
+
+
+def test_ab_prepares_revisions_and_summarises_runs(tmp_path):
+    import json
+    import subprocess as sp
+    import ab
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    sp.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "benchmarks" / "results" / "big.json").write_text("{}")
+    (repo / "kernel.cu").write_text("v1")
+    sp.run(git + ["add", "."], cwd=repo, check=True)
+    sp.run(git + ["commit", "-qm", "one"], cwd=repo, check=True)
+    (repo / "kernel.cu").write_text("v2")
+    sp.run(git + ["commit", "-qam", "two"], cwd=repo, check=True)
+    variants = ab.prepare(["base=HEAD~1", "new=HEAD"], tmp_path / "ab", repo=repo)
+    assert [v["name"] for v in variants] == ["base", "new"]
+    assert (tmp_path / "ab" / "base" / "kernel.cu").read_text() == "v1"
+    assert (tmp_path / "ab" / "new" / "kernel.cu").read_text() == "v2"
+    assert not (tmp_path / "ab" / "new" / "benchmarks" / "results").exists()
+    assert json.loads((tmp_path / "ab" / "variants.json").read_text()) == variants
+    with pytest.raises(ValueError, match="NAME=REV"):
+        ab.prepare(["HEAD"], tmp_path / "ab", repo=repo)
+
+    def result(seqlen, mine, peer):
+        return {"direction": "fwd", "hdim": 128, "causal": False, "seqlen": seqlen,
+                "tflops": {"flash_cuda": mine, "sdpa_cudnn": peer}}
+    runs = [("base", {"results": [result(512, 400.0, 500.0), result(2048, 600.0, 600.0)]}),
+            ("new", {"results": [result(512, 450.0, 500.0), result(2048, None, 600.0)]})]
+    lines = ab.summarise(runs)
+    assert lines[1].split("|")[1:] == [" 0.800 (400/500) ", " 0.900 (450/500)"]
+    assert lines[2].split("|")[2] == " -"
+    # Geomeans over the points each run has: sqrt(0.8 * 1.0) and 0.9.
+    assert lines[-1].endswith("base 0.894 (2 pts) | new 0.900 (1 pts)")
