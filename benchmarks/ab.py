@@ -10,8 +10,10 @@ flash_cuda / a peer per point (benchmarks/NOTES.md's way of comparing a change).
 `prepare` writes each revision's sources (`git archive`) to ab/NAME and the list to
 ab/variants.json, so that `run` needs no git (the GPU machine may have none: carry `ab`).
 `run` builds every variant in its own directory at once (the build knobs of the environment,
-MAX_JOBS shared between them), then times each with this checkout's bench_attn.py, the variant
-first on the import path, and prints the ratio table; ab/out/NAME.json holds the raw numbers.
+MAX_JOBS shared between them), runs `--check CMD` in each (tests of a new kernel, under a time
+limit: a variant that fails or hangs is not timed), then times each with this checkout's
+bench_attn.py, the variant first on the import path, and prints the ratio table; ab/out/NAME.json
+holds the raw numbers.
 """
 
 import argparse
@@ -20,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -81,6 +84,28 @@ def summarise(runs, peer="sdpa_cudnn"):
     return lines
 
 
+def check_variants(names, cmd, ab_dir: Path, out: Path, timeout: float) -> list:
+    """Runs `cmd` in each variant's directory (a new kernel can be wrong or hang), each under
+    `timeout` seconds, its output in out/check_NAME.log; returns the names that passed."""
+    passed = []
+    for name in names:
+        with open(out / f"check_{name}.log", "w") as log:
+            # Its own process group, so that a hung check is killed whole (a hung kernel left
+            # running would skew every timing after it).
+            proc = subprocess.Popen(cmd, shell=True, cwd=ab_dir / name, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = "timeout"
+        print(f"check {name}: rc={rc}", flush=True)
+        if rc == 0:
+            passed.append(name)
+    return passed
+
+
 def run(args) -> int:
     ab_dir = Path(args.ab)
     variants = json.loads((ab_dir / "variants.json").read_text())
@@ -102,10 +127,15 @@ def run(args) -> int:
         failed |= rc != 0
     if failed:
         return 1
-    order = [v["name"] for v in variants] + [variants[0]["name"]]
+    names = [v["name"] for v in variants]
+    if args.check:
+        names = check_variants(names, args.check, ab_dir, out, args.check_timeout)
+        if not names or names[0] != variants[0]["name"]:
+            return 1
+    order = names + [names[0]]
     runs = []
     for i, name in enumerate(order):
-        label = name if i < len(variants) else name + "-again"
+        label = name if i < len(names) else name + "-again"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str((ab_dir / name).resolve())] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -134,6 +164,12 @@ def main(argv=None) -> int:
     r.add_argument("--seqlens", default="512,2048,16384")
     r.add_argument("--peer", default="sdpa_cudnn")
     r.add_argument("--out", default=str(ROOT / "ab" / "out"))
+    r.add_argument("--check", metavar="CMD",
+                   help="a shell command run in each variant's directory before any timing; "
+                        "variants where it fails are not timed (the whole run stops if the "
+                        "base fails)")
+    r.add_argument("--check-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds each check may take before it counts as failed")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         for v in prepare(args.pairs, Path(args.ab)):

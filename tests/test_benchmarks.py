@@ -214,3 +214,15 @@ def test_ab_prepares_revisions_and_summarises_runs(tmp_path):
     assert lines[2].split("|")[2] == " -"
     # Geomeans over the points each run has: sqrt(0.8 * 1.0) and 0.9.
     assert lines[-1].endswith("base 0.894 (2 pts) | new 0.900 (1 pts)")
+
+
+def test_ab_times_only_the_variants_whose_check_passes(tmp_path):
+    import ab
+    for name in ("base", "broken", "hangs"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "broken" / "flag").write_text("")
+    cmd = ("if [ -e flag ]; then exit 3; fi; "
+           "if [ \"$(basename \"$PWD\")\" = hangs ]; then sleep 30; fi")
+    passed = ab.check_variants(["base", "broken", "hangs"], cmd, tmp_path, tmp_path, timeout=2)
+    assert passed == ["base"]
+    assert (tmp_path / "check_broken.log").exists() and (tmp_path / "check_hangs.log").exists()
