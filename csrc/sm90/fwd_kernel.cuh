@@ -488,83 +488,124 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     }
   };
 
-  if (w.n_begin < w.n_end) {
-    if (wg == kConsumerWarpGroups - 1) turn_end();  // warp group 0 goes first
-    int n = w.n_end - 1;
+  // Waits for the next V tile; in the first, rows past the keys are zeroed before any wgmma
+  // reads them.  Outside the turns: it waits for every consumer (each one's first wait_v is
+  // for the block's first key tile, whether it computes on it or skips it).
+  bool first_v = true;
+  auto wait_v = [&] {
+    pipeline_v.consumer_wait(read_v);
+    const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
+    if (first_v && tail > 0) {
+      Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
+      constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
+      for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
+        Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
+                           read_v.index());
+        *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
+      }
+      // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
+      // consumer warp group.
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
+    }
+    first_v = false;
+  };
+  // A key tile none of this warp group's rows sees: it only waits for the stages and frees them,
+  // so that the pipelines (whose empty barriers count every consumer warp group) move on.
+  auto skip = [&] {
     pipeline_k.consumer_wait(read_k);
-    turn_begin();
-    // Without kPingPong, the warp groups still issue a tile's first S = Q K^T in turn, so that
-    // the tensor cores run them one after the other and each warp group's first softmax runs
-    // under the next one's GEMM (they start a tile together, on one Q barrier).
+    pipeline_k.consumer_release(read_k);
+    ++read_k;
+    wait_v();
+    pipeline_v.consumer_release(read_v);
+    ++read_v;
+  };
+  // The first S = Q K^T of a tile in turn (without kPingPong), so that the tensor cores run the
+  // warp groups' first GEMMs one after the other and each one's first softmax runs under the
+  // next one's GEMM (they start a tile together, on one Q barrier).  A warp group that skips
+  // the block's first key tile takes its turn at once, issuing nothing.
+  auto first_turn_begin = [&] {
     if constexpr (!kPingPong) {
       if (wg > 0) cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
     }
-    wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+  };
+  auto first_turn_end = [&] {
     if constexpr (!kPingPong) {
       if (wg + 1 < kConsumerWarpGroups) {
         cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0) + wg + 1);
       }
     }
-    turn_end();
-    warpgroup_wait<0>();
-    pipeline_k.consumer_release(read_k);
-    ++read_k;
-    if (!mask.tile_all_visible(wg_m0, 64, n * kBlockN, kBlockN)) apply_mask(n);
-    softmax.template step<true>(S);
-    convert_into(tOrP, tSrS);
+  };
 
-    // Waits for the next V tile; in the first, rows past the keys are zeroed before any wgmma
-    // reads them.  Outside the turns: it waits for every consumer.
-    bool first_v = true;
-    auto wait_v = [&] {
-      pipeline_v.consumer_wait(read_v);
-      const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
-      if (first_v && tail > 0) {
-        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
-        constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
-        for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
-          Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
-                             read_v.index());
-          *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
-        }
-        // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
-        // consumer warp group.
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
-      }
-      first_v = false;
-    };
-
-    for (; n > w.n_begin; --n) {
+  if (w.n_begin < w.n_end) {
+    // The key tiles [wg_begin, wg_end) that this warp group's rows see, within the block's
+    // (empty: wg_begin = wg_end = n_begin).  Under a causal mask the warp groups of a tile see
+    // different numbers of key tiles (hdim 64, 192 rows: a quarter fewer GEMMs at seqlen 512),
+    // and a warp group whose rows lie past the sequence sees none.  kPingPong's turns need
+    // every warp group on every key tile.
+    int wg_begin = w.n_begin, wg_end = w.n_end;
+    if constexpr (!kPingPong) {
+      mask.key_block_range(wg_m0, 64, kBlockN, wg_begin, wg_end);
+      wg_begin = max(wg_begin, w.n_begin);
+      wg_end = min(wg_end, w.n_end);
+      if (wg_begin >= wg_end) wg_begin = wg_end = w.n_begin;
+    }
+    const bool lead = wg_end == w.n_end && wg_begin < wg_end;  // computes on the first key tile
+    if (wg == kConsumerWarpGroups - 1) turn_end();  // warp group 0 goes first
+    if (!lead) {
+      first_turn_begin();
+      first_turn_end();
+    }
+    for (int n = w.n_end - 1; n >= wg_end; --n) skip();
+    if (wg_begin < wg_end) {
+      int n = wg_end - 1;
       pipeline_k.consumer_wait(read_k);
-      if constexpr (kPingPong) wait_v();  // outside the turn
       turn_begin();
+      if (lead) first_turn_begin();
       wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-      if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
-      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      if (lead) first_turn_end();
       turn_end();
-      warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
+      warpgroup_wait<0>();
       pipeline_k.consumer_release(read_k);
       ++read_k;
-      if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
-      softmax.template step<false>(S);
+      if (!mask.tile_all_visible(wg_m0, 64, n * kBlockN, kBlockN)) apply_mask(n);
+      softmax.template step<true>(S);
+      convert_into(tOrP, tSrS);
+
+      for (; n > wg_begin; --n) {
+        pipeline_k.consumer_wait(read_k);
+        if constexpr (kPingPong) wait_v();  // outside the turn
+        turn_begin();
+        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
+        wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        turn_end();
+        warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
+        pipeline_k.consumer_release(read_k);
+        ++read_k;
+        if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
+        softmax.template step<false>(S);
+        warpgroup_wait<0>();
+        pipeline_v.consumer_release(read_v);
+        ++read_v;
+        softmax.rescale(O);
+        convert_into(tOrP, tSrS);
+      }
+      // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
+      // last P V and the epilogue run (unless it stages O).
+      if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
+      wait_v();
+      turn_begin();
+      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      turn_end();
+      if (wg == 0) turn_begin();  // matches the last warp group's first arrive
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;
-      softmax.rescale(O);
-      convert_into(tOrP, tSrS);
+    } else if constexpr (kSeparateO) {
+      storage.barriers.barrier_q_free.arrive();
     }
-    // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the last
-    // P V and the epilogue run (unless it stages O).
-    if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
-    wait_v();
-    turn_begin();
-    wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-    turn_end();
-    if (wg == 0) turn_begin();  // matches the last warp group's first arrive
-    warpgroup_wait<0>();
-    pipeline_v.consumer_release(read_v);
-    ++read_v;
+    for (int n = wg_begin - 1; n >= w.n_begin; --n) skip();
   } else if constexpr (kSeparateO) {
     storage.barriers.barrier_q_free.arrive();
   }
