@@ -73,7 +73,9 @@ def run_and_check(q, k, v, fn_ours, ref_kwargs, check_grad=True):
     ref_lp = attention_forward_reference(q, k, v, upcast=False, **ref_kwargs)
     assert_close("out", out, ref[0], ref_lp[0], 1e-3)
     assert_close("lse", lse, ref[1], ref_lp[1], 1e-3)
-    if not check_grad:
+    # A forward-only build (FLASH_CUDA_DISABLE_BACKWARD=1) still checks the forward.
+    bwd_dims = build_info()["head_dims"].get("bwd", [])
+    if not check_grad or not any(d >= q.shape[-1] for d in bwd_dims):
         return
     dout = torch.randn_like(out)
     poison_allocator()
