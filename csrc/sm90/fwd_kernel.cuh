@@ -455,7 +455,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(select<0, 1>(TileShapeQK{})));
   Tensor cS = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(S))::value;
-  OnlineSoftmax<kRows, Config::kFmaExp2PerEight> softmax(p.softmax_scale * float(M_LOG2E));
+  OnlineSoftmax<kRows> softmax(p.softmax_scale * float(M_LOG2E));
   clear(tOrO);
 
   // Masked scores are -inf (NaN and garbage of keys past the sequence included).

@@ -46,33 +46,10 @@ __device__ __forceinline__ void convert_into(DstTensor& dst, const SrcTensor& sr
       Converter{}(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
 }
 
-// Note [exp2 on the FMA pipe]
-// An SM's MUFU unit retires 16 exp2 per clock, its tensor cores 4096 bf16 FLOP: one 64 x kBlockN
-// score tile of a warp group costs 64 kBlockN / 16 clocks of exp2 against 4 * 64 kBlockN d / 4096
-// clocks of GEMMs, so at head dim 64 the exp2s take as long as both GEMMs and at head dim 128
-// half as long.  exp2_fma computes 2^x (x <= 0, the softmax's range) on the FMA pipe instead,
-// for a share of the columns that the tile config sets: 2^x = 2^j 2^f with j = round(x) taken
-// from the low mantissa bits of x + 1.5 * 2^23 (+ 127, the exponent bias), f = x - j in
-// [-1/2, 1/2], and 2^f by a degree-3 polynomial (relative error 8.4e-5, a twentieth of a bf16
-// rounding step; coefficients fitted for the least maximum relative error on [-1/2, 1/2]).
-// 2^j is built as a float from its exponent bits, so that x <= -127 (masked keys: -inf) gives
-// exactly 0, as MUFU.EX2 does; NaN stays NaN (max.NaN).  Nine instructions replace one MUFU.EX2.
-__device__ __forceinline__ float exp2_fma(float x) {
-  constexpr float kRound = 12582912.f + 127.f;  // 1.5 * 2^23: rounds to an integer; + the bias
-  float clamped;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(clamped) : "f"(x), "f"(-127.f));
-  const float t = __fadd_rn(clamped, kRound);           // low 9 bits of t: j + 127, in [0, 127]
-  const float f = __fadd_rn(clamped, -__fadd_rn(t, -kRound));  // x - j
-  const float p = fmaf(fmaf(fmaf(0.055213045f, f, 0.24271424f), f, 0.69326216f), f, 0.99991959f);
-  return p * __int_as_float(__float_as_int(t) << 23);  // 2^j from the exponent bits: 0 at -127
-}
-
 // Row statistics of kRows rows.  Scores are kept unscaled; exp2((s - max) * scale_log2) is one
-// FFMA and one MUFU.EX2 per element, or exp2_fma for kFmaExp2PerEight columns of every eight
-// (Note [exp2 on the FMA pipe]).  The row sums stay per thread (each thread's share of its
+// FFMA and one MUFU.EX2 per element.  The row sums stay per thread (each thread's share of its
 // columns) until finish(): the corrections are the same for the four threads of a row.
-template <int kRows, int kFmaExp2PerEight = 0> struct OnlineSoftmax {
-  static_assert(kFmaExp2PerEight >= 0 && kFmaExp2PerEight <= 8, "a share in eighths");
+template <int kRows> struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];
   float correction[kRows];
@@ -106,8 +83,7 @@ template <int kRows, int kFmaExp2PerEight = 0> struct OnlineSoftmax {
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < size<1>(s); ++c) {
-        const float x = s(r, c) * scale_log2 - mx_scaled;
-        s(r, c) = c % 8 >= 8 - kFmaExp2PerEight ? exp2_fma(x) : exp2f(x);
+        s(r, c) = exp2f(s(r, c) * scale_log2 - mx_scaled);
         sum += s(r, c);
       }
       row_sum[r] = kFirst ? sum : row_sum[r] * correction[r] + sum;

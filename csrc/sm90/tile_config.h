@@ -21,8 +21,6 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // Q cannot load before the epilogue ends, and the tile loop's registers cost the GEMM loop
 // spills; timed at 256, persistent or not, that code ran 2-9% below the one-tile kernel (NOTES
 // entry 47).
-// kFmaExp2PerEight: of every eight score columns of a thread, that many take exp2 on the FMA pipe
-// rather than the MUFU unit (Note [exp2 on the FMA pipe] in sm90/softmax.cuh).
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
 // bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
@@ -30,31 +28,26 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
-  static constexpr int kFmaExp2PerEight = 0;
 };
 template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 133 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
-  static constexpr int kFmaExp2PerEight = 0;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
-  static constexpr int kFmaExp2PerEight = 0;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
-  static constexpr int kFmaExp2PerEight = 0;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
-  static constexpr int kFmaExp2PerEight = 0;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
