@@ -112,6 +112,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma's shapes");
   static constexpr bool kPingPong = Config::kPingPong;
   static constexpr bool kPersistent = Config::kPersistent;
+  // kPingPong's turns need every warp group on every key tile.
+  static constexpr bool kPerWarpGroupKeys = Config::kPerWarpGroupKeys && !kPingPong;
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O += P V
@@ -541,10 +543,10 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     // The key tiles [wg_begin, wg_end) that this warp group's rows see, within the block's
     // (empty: wg_begin = wg_end = n_begin).  Under a causal mask the warp groups of a tile see
     // different numbers of key tiles (hdim 64, 192 rows: a quarter fewer GEMMs at seqlen 512),
-    // and a warp group whose rows lie past the sequence sees none.  kPingPong's turns need
-    // every warp group on every key tile.
+    // and a warp group whose rows lie past the sequence sees none (kPerWarpGroupKeys; without
+    // it every warp group visits the block's key tiles).
     int wg_begin = w.n_begin, wg_end = w.n_end;
-    if constexpr (!kPingPong) {
+    if constexpr (kPerWarpGroupKeys) {
       mask.key_block_range(wg_m0, 64, kBlockN, wg_begin, wg_end);
       wg_begin = max(wg_begin, w.n_begin);
       wg_end = min(wg_end, w.n_end);

@@ -21,6 +21,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // Q cannot load before the epilogue ends, and the tile loop's registers cost the GEMM loop
 // spills; timed at 256, persistent or not, that code ran 2-9% below the one-tile kernel (NOTES
 // entry 47).
+// kPerWarpGroupKeys: each consumer warp group visits only the key tiles its own rows see (Note
+// [Hopper forward pipeline]).  On at head dims 64 and 96, whose 192-row tiles hold warp groups
+// that see a quarter fewer key tiles under a causal mask at seqlen 512-1k (+19% there, +11% at
+// 2k, NOTES entry 52); off at 128-256, where it skips little and its code alone cost 5-10%
+// (the loop's schedule; at 256 the spills grew from 28 to 100 bytes).
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
 // bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
@@ -28,26 +33,31 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
+  static constexpr bool kPerWarpGroupKeys = true;
 };
 template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 133 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
+  static constexpr bool kPerWarpGroupKeys = true;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
+  static constexpr bool kPerWarpGroupKeys = false;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
+  static constexpr bool kPerWarpGroupKeys = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
+  static constexpr bool kPerWarpGroupKeys = false;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
