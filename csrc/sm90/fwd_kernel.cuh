@@ -29,6 +29,11 @@
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
 //   tile and the causal diagonal come first; a tile is masked only where tile_all_visible says
 //   it must be (so, with a left window bound, also the last ones visited).
+// - With kPerWarpGroupKeys a warp group computes only on the key tiles its own 64 rows see (a
+//   run inside the block's); on the others it waits for the stages and frees them, since the
+//   pipelines' empty barriers count every consumer warp group, and it takes part in the first
+//   V tile's zeroing.  A warp group that skips the block's first key tile takes its turn for
+//   the first S at once (below), so that the turns never wait on a skipped tile.
 // - Inside a warp group the GEMMs overlap the softmax: iteration n issues S_n = Q K_n^T and
 //   O += P_{n+1} V_{n+1}, waits for S_n only, runs the softmax of S_n while the P V wgmma still
 //   runs, then waits for it and rescales O.
