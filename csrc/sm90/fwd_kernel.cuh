@@ -558,6 +558,12 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       if (wg_begin >= wg_end) wg_begin = wg_end = w.n_begin;
     }
     const bool lead = wg_end == w.n_end && wg_begin < wg_end;  // computes on the first key tile
+    // Every consumer thread must reach the V-tail barrier at the same instruction (bar.sync is
+    // .aligned), and the warp groups' paths differ here: they zero the first V tile before
+    // anything else (its later waits find it full).
+    if constexpr (kPerWarpGroupKeys) {
+      if (w.n_end * kBlockN > w.sk.len) wait_v();
+    }
     if (wg == kConsumerWarpGroups - 1) turn_end();  // warp group 0 goes first
     if (!lead) {
       first_turn_begin();
