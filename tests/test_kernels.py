@@ -39,10 +39,13 @@ DTYPES = [dt for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16))
           if name in build_info()["dtypes"]]
 
 
-# Every compiled head dim plus ones that run on the next size up.
-HEAD_DIMS = sorted(set(compiled_head_dims()) | {8, 72, 136})
+# Every compiled head dim plus ones that run on the next size up (where the build has one: a
+# FLASH_CUDA_HDIMS subset may stop below 136).
+HEAD_DIMS = sorted(set(compiled_head_dims())
+                   | {d for d in (8, 72, 136) if d <= compiled_head_dims()[-1]})
 # The smallest and largest compiled tiles (the largest, 256, splits rows between warp pairs).
-FAST_HEAD_DIMS = sorted({compiled_head_dims()[0], 72, compiled_head_dims()[-1]})
+FAST_HEAD_DIMS = sorted({compiled_head_dims()[0], compiled_head_dims()[-1]}
+                        | ({72} if compiled_head_dims()[-1] >= 72 else set()))
 
 
 def poison_allocator():
