@@ -36,7 +36,8 @@
 //   the first S at once (below), so that the turns never wait on a skipped tile.
 // - Inside a warp group the GEMMs overlap the softmax: iteration n issues S_n = Q K_n^T and
 //   O += P_{n+1} V_{n+1}, waits for S_n only, runs the softmax of S_n while the P V wgmma still
-//   runs, then waits for it and rescales O.
+//   runs, then waits for it (and rescales O, unless kRescaleUnderS: then O is rescaled between
+//   the next S and P V issues).
 // - With kPingPong the consumer warp groups also take turns, in a round: each issues its GEMMs
 //   between a sync on its own scheduler barrier and an arrive on the next one's, so the GEMMs
 //   of one run while the others do their softmax.  The last warp group grants the first turn,
@@ -119,6 +120,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr bool kPersistent = Config::kPersistent;
   // kPingPong's turns need every warp group on every key tile.
   static constexpr bool kPerWarpGroupKeys = Config::kPerWarpGroupKeys && !kPingPong;
+  static constexpr bool kRescaleUnderS = Config::kRescaleUnderS;
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O += P V
@@ -590,6 +592,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
         if constexpr (kPingPong) wait_v();  // outside the turn
         turn_begin();
         wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        if constexpr (kRescaleUnderS) softmax.rescale(O);  // O is no GEMM's operand now
         if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
         wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         turn_end();
@@ -601,12 +604,13 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
         warpgroup_wait<0>();
         pipeline_v.consumer_release(read_v);
         ++read_v;
-        softmax.rescale(O);
+        if constexpr (!kRescaleUnderS) softmax.rescale(O);
         convert_into(tOrP, tSrS);
       }
       // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
       // last P V and the epilogue run (unless it stages O).
       if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
+      if constexpr (kRescaleUnderS) softmax.rescale(O);
       wait_v();
       turn_begin();
       wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);

@@ -26,6 +26,9 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // that see a quarter fewer key tiles under a causal mask at seqlen 512-1k (+19% there, +11% at
 // 2k, NOTES entry 52); off at 128-256, where it skips little and its code alone cost 5-10%
 // (the loop's schedule; at 256 the spills grew from 28 to 100 bytes).
+// kRescaleUnderS: O is rescaled by the last softmax step's correction between the issue of the
+// next S = Q K^T and that of P V (O is no GEMM's operand there, and the tensor cores are busy),
+// rather than after the P V wait, where the rescale's FMULs delay the next S.
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
 // bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
@@ -34,30 +37,35 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
+  static constexpr bool kRescaleUnderS = true;
 };
 template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 133 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
+  static constexpr bool kRescaleUnderS = true;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = false;
+  static constexpr bool kRescaleUnderS = true;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
+  static constexpr bool kRescaleUnderS = true;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
+  static constexpr bool kRescaleUnderS = true;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
