@@ -28,7 +28,8 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // (the loop's schedule; at 256 the spills grew from 28 to 100 bytes).
 // kRescaleUnderS: O is rescaled by the last softmax step's correction between the issue of the
 // next S = Q K^T and that of P V (O is no GEMM's operand there, and the tensor cores are busy),
-// rather than after the P V wait, where the rescale's FMULs delay the next S.
+// rather than after the P V wait, where the rescale's FMULs delay the next S.  Off everywhere
+// until timed (NOTES entry 53).
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
 // bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
@@ -37,35 +38,35 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
-  static constexpr bool kRescaleUnderS = true;
+  static constexpr bool kRescaleUnderS = false;
 };
 template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 133 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
-  static constexpr bool kRescaleUnderS = true;
+  static constexpr bool kRescaleUnderS = false;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = false;
-  static constexpr bool kRescaleUnderS = true;
+  static constexpr bool kRescaleUnderS = false;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
-  static constexpr bool kRescaleUnderS = true;
+  static constexpr bool kRescaleUnderS = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
-  static constexpr bool kRescaleUnderS = true;
+  static constexpr bool kRescaleUnderS = false;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
