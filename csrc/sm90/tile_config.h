@@ -28,8 +28,9 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // (the loop's schedule; at 256 the spills grew from 28 to 100 bytes).
 // kRescaleUnderS: O is rescaled by the last softmax step's correction between the issue of the
 // next S = Q K^T and that of P V (O is no GEMM's operand there, and the tensor cores are busy),
-// rather than after the P V wait, where the rescale's FMULs delay the next S.  Off everywhere
-// until timed (NOTES entry 53).
+// rather than after the P V wait, where the rescale's FMULs delay the next S.  On at head dim
+// 256 (+3-7% at seqlen 2k-16k, NOTES entry 53); off at 64 (-1.5-3%) and 128 (within 1%); 192
+// untimed.
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
 // bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
@@ -66,7 +67,7 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
-  static constexpr bool kRescaleUnderS = false;
+  static constexpr bool kRescaleUnderS = true;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
