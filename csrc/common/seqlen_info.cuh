@@ -92,6 +92,16 @@ struct MaskInfo {
            (window_right < 0 || n0 + bn - 1 <= m0 + diag + window_right);
   }
 
+  // Key blocks [begin, end) of size bn for which tile_all_visible(m0, bm, n * bn, bn) holds:
+  // one run, empty (begin >= end) when none does.
+  __device__ __forceinline__ void all_visible_block_range(int m0, int bm, int bn, int& begin,
+                                                          int& end) const {
+    begin = 0;
+    end = m0 + bm <= len_q ? len_k / bn : 0;
+    if (window_left >= 0) begin = max(0, floor_div(m0 + bm - 1 + diag - window_left + bn - 1, bn));
+    if (window_right >= 0) end = min(end, floor_div(m0 + diag + window_right + 1, bn));
+  }
+
   // Key blocks [begin, end) of size bn that rows [m0, m0 + bm) can see; empty when begin >= end.
   __device__ __forceinline__ void key_block_range(int m0, int bm, int bn, int& begin,
                                                   int& end) const {

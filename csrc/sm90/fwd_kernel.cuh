@@ -28,7 +28,8 @@
 //   consumer threads), so that K of the next key tile can land while V of this one is read.
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
 //   tile and the causal diagonal come first; a tile is masked only where tile_all_visible says
-//   it must be (so, with a left window bound, also the last ones visited).
+//   it must be (so, with a left window bound, also the last ones visited).  The tiles a warp
+//   group's rows see whole are one run, which takes a copy of the loop without the mask.
 // - With kPerWarpGroupKeys a warp group computes only on the key tiles its own 64 rows see (a
 //   run inside the block's); on the others it waits for the stages and frees them, since the
 //   pipelines' empty barriers count every consumer warp group, and it takes part in the first
@@ -46,7 +47,8 @@
 //   the turns).  Without kPingPong they take turns for a tile's first S only (NOTES entry 51).
 // - Rows past a sequence's keys in the first (partial) V tile hold whatever follows in memory
 //   (the next packed sequence, an unused cache slot): their P is exactly 0, but 0 * NaN is NaN,
-//   so the consumers zero those rows of the stage before its first P V wgmma.
+//   so the consumers zero those rows of the stage once per tile, before its first P V wgmma
+//   (rows past the tensor arrive as TMA's zeros: a dense K without seqused needs none).
 // - The epilogue stages O by stmatrix (in its own buffer, or in Q's: each warp group only ever
 //   read its own 64 rows of Q).  From its own buffer, a dense O leaves by one TMA store per warp
 //   group, which the consumers do not wait for: the store's issuer waits for it to have read
@@ -497,28 +499,29 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     }
   };
 
-  // Waits for the next V tile; in the first, rows past the keys are zeroed before any wgmma
-  // reads them.  Outside the turns: it waits for every consumer (each one's first wait_v is
-  // for the block's first key tile, whether it computes on it or skips it).
-  bool first_v = true;
-  auto wait_v = [&] {
-    pipeline_v.consumer_wait(read_v);
-    const int tail = w.n_end * kBlockN - w.sk.len;  // rows of the first V tile past the keys
-    if (first_v && tail > 0) {
-      Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
-      constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
-      for (int i = tid; i < tail * kChunksPerRow; i += kConsumerThreads) {
-        Element* row = &sV(kBlockN - tail + i / kChunksPerRow, (i % kChunksPerRow) * 8,
-                           read_v.index());
-        *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
-      }
-      // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
-      // consumer warp group.
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
+  // Rows of the first V tile past the keys that lie inside the tensor (TMA zero-fills the rows
+  // past it, so a dense problem without seqused has none).  All consumers zero them once per
+  // tile, at the same instruction (bar.sync is .aligned), before any wgmma reads the stage:
+  // at the tile's start with kPerWarpGroupKeys (whose warp groups' paths differ later), else
+  // under the first S = Q K^T, outside the turns.  So the key loop carries no zeroing code.
+  const int v_tail =
+      min(w.n_end * kBlockN, int(get<0>(params.shape_k)) - w.sk.offset) - w.sk.len;
+  auto zero_v_tail = [&] {
+    pipeline_v.consumer_wait(read_v);  // the first key tile's V
+    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
+    const int first = w.sk.len - (w.n_end - 1) * kBlockN;  // the stage's first row to zero
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks, contiguous in a swizzle
+    for (int i = tid; i < v_tail * kChunksPerRow; i += kConsumerThreads) {
+      Element* row =
+          &sV(first + i / kChunksPerRow, (i % kChunksPerRow) * 8, read_v.index());
+      *reinterpret_cast<uint4*>(row) = make_uint4(0, 0, 0, 0);
     }
-    first_v = false;
+    // The zeros are generic-proxy writes that wgmma (the async proxy) must see, in every
+    // consumer warp group.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVTail));
   };
+  auto wait_v = [&] { pipeline_v.consumer_wait(read_v); };
   // A key tile none of this warp group's rows sees: it only waits for the stages and frees them,
   // so that the pipelines (whose empty barriers count every consumer warp group) move on.
   auto skip = [&] {
@@ -560,11 +563,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       if (wg_begin >= wg_end) wg_begin = wg_end = w.n_begin;
     }
     const bool lead = wg_end == w.n_end && wg_begin < wg_end;  // computes on the first key tile
-    // Every consumer thread must reach the V-tail barrier at the same instruction (bar.sync is
-    // .aligned), and the warp groups' paths differ here: they zero the first V tile before
-    // anything else (its later waits find it full).
     if constexpr (kPerWarpGroupKeys) {
-      if (w.n_end * kBlockN > w.sk.len) wait_v();
+      if (v_tail > 0) zero_v_tail();
     }
     if (wg == kConsumerWarpGroups - 1) turn_end();  // warp group 0 goes first
     if (!lead) {
@@ -580,14 +580,25 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
       if (lead) first_turn_end();
       turn_end();
+      if constexpr (!kPerWarpGroupKeys) {
+        if (v_tail > 0) zero_v_tail();
+      }
+      // The key tiles every score of which this warp group's rows see: one run, which the loop
+      // below takes without the mask's code.
+      int full_begin, full_end;
+      mask.all_visible_block_range(wg_m0, 64, kBlockN, full_begin, full_end);
+      auto all_visible = [&](int n_block) {
+        return n_block >= full_begin && n_block < full_end;
+      };
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read_k);
       ++read_k;
-      if (!mask.tile_all_visible(wg_m0, 64, n * kBlockN, kBlockN)) apply_mask(n);
+      if (!all_visible(n)) apply_mask(n);
       softmax.template step<true>(S);
       convert_into(tOrP, tSrS);
 
-      for (; n > wg_begin; --n) {
+      // Issues S_{n-1} = Q K_{n-1}^T and O += P_n V_n, and runs the softmax of S_{n-1}.
+      auto iteration = [&](auto masked) {
         pipeline_k.consumer_wait(read_k);
         if constexpr (kPingPong) wait_v();  // outside the turn
         turn_begin();
@@ -599,13 +610,19 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
         warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
         pipeline_k.consumer_release(read_k);
         ++read_k;
-        if (!mask.tile_all_visible(wg_m0, 64, (n - 1) * kBlockN, kBlockN)) apply_mask(n - 1);
+        if constexpr (decltype(masked)::value) apply_mask(n - 1);
         softmax.template step<false>(S);
         warpgroup_wait<0>();
         pipeline_v.consumer_release(read_v);
         ++read_v;
         if constexpr (!kRescaleUnderS) softmax.rescale(O);
         convert_into(tOrP, tSrS);
+      };
+      // Masked tiles (the diagonal, a partial last tile), the all-visible run, then masked ones
+      // again (a left window bound): the outer loop runs at most twice.
+      while (n > wg_begin) {
+        for (; n > wg_begin && !all_visible(n - 1); --n) iteration(cute::true_type{});
+        for (; n > wg_begin && all_visible(n - 1); --n) iteration(cute::false_type{});
       }
       // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
       // last P V and the epilogue run (unless it stages O).
