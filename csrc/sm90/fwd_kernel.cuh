@@ -29,7 +29,8 @@
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
 //   tile and the causal diagonal come first; a tile is masked only where tile_all_visible says
 //   it must be (so, with a left window bound, also the last ones visited).  The tiles a warp
-//   group's rows see whole are one run, which takes a copy of the loop without the mask.
+//   group's rows see whole are one run, which takes a copy of the loop without the mask's code
+//   where the config says kMaskFreeLoop.
 // - With kPerWarpGroupKeys a warp group computes only on the key tiles its own 64 rows see (a
 //   run inside the block's); on the others it waits for the stages and frees them, since the
 //   pipelines' empty barriers count every consumer warp group, and it takes part in the first
@@ -123,6 +124,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   // kPingPong's turns need every warp group on every key tile.
   static constexpr bool kPerWarpGroupKeys = Config::kPerWarpGroupKeys && !kPingPong;
   static constexpr bool kRescaleUnderS = Config::kRescaleUnderS;
+  static constexpr bool kMaskFreeLoop = Config::kMaskFreeLoop;
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O += P V
@@ -180,8 +182,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   // O gets its own staging buffer where shared memory holds one (Note [Hopper forward
   // pipeline]).
   static constexpr bool kSeparateO =
-      kPersistent && sizeof(Buffer) * 2 + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 + sizeof(Barriers) +
-          1024 <= kMaxSmemBytes;
+      kPersistent && sizeof(Buffer) * 2 + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 +
+                        sizeof(Barriers) + 1024 <=
+                    kMaxSmemBytes;
   struct NoBuffer {};
   struct SharedStorage {
     alignas(1024) Buffer q;  // also O's staging without kSeparateO
@@ -584,7 +587,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
         if (v_tail > 0) zero_v_tail();
       }
       // The key tiles every score of which this warp group's rows see: one run, which the loop
-      // below takes without the mask's code.
+      // below takes without the mask's code (kMaskFreeLoop; else it checks each tile).
       int full_begin, full_end;
       mask.all_visible_block_range(wg_m0, 64, kBlockN, full_begin, full_end);
       auto all_visible = [&](int n_block) {
@@ -610,7 +613,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
         warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
         pipeline_k.consumer_release(read_k);
         ++read_k;
-        if constexpr (decltype(masked)::value) apply_mask(n - 1);
+        if (decltype(masked)::value && (kMaskFreeLoop || !all_visible(n - 1))) apply_mask(n - 1);
         softmax.template step<false>(S);
         warpgroup_wait<0>();
         pipeline_v.consumer_release(read_v);
@@ -618,11 +621,15 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
         if constexpr (!kRescaleUnderS) softmax.rescale(O);
         convert_into(tOrP, tSrS);
       };
-      // Masked tiles (the diagonal, a partial last tile), the all-visible run, then masked ones
-      // again (a left window bound): the outer loop runs at most twice.
-      while (n > wg_begin) {
-        for (; n > wg_begin && !all_visible(n - 1); --n) iteration(cute::true_type{});
-        for (; n > wg_begin && all_visible(n - 1); --n) iteration(cute::false_type{});
+      if constexpr (kMaskFreeLoop) {
+        // Masked tiles (the diagonal, a partial last tile), the all-visible run, then masked
+        // ones again (a left window bound): the outer loop runs at most twice.
+        while (n > wg_begin) {
+          for (; n > wg_begin && !all_visible(n - 1); --n) iteration(cute::true_type{});
+          for (; n > wg_begin && all_visible(n - 1); --n) iteration(cute::false_type{});
+        }
+      } else {
+        for (; n > wg_begin; --n) iteration(cute::true_type{});
       }
       // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
       // last P V and the epilogue run (unless it stages O).

@@ -31,6 +31,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // rather than after the P V wait, where the rescale's FMULs delay the next S.  On at head dim
 // 256 (+3-7% at seqlen 2k-16k, NOTES entry 53); off at 64 (-1.5-3%) and 128 (within 1%); 192
 // untimed.
+// kMaskFreeLoop: the key tiles a warp group's rows see whole (one run) take a copy of the key
+// loop without the mask's code, so that the hot loop is one block of straight-line code.  On at
+// head dim 64 (+5-6% at seqlen 16k, -2% at 512, NOTES entry 54); off at 128 (-2-4.5% at
+// non-causal 512-2k) and 256 (-3-4% at 16k: ptxas then puts the P V wait before the whole
+// softmax); 96 and 192 untimed.
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
 // bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
@@ -40,6 +45,7 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
   static constexpr bool kRescaleUnderS = false;
+  static constexpr bool kMaskFreeLoop = true;
 };
 template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 133 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
@@ -47,6 +53,7 @@ template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
   static constexpr bool kRescaleUnderS = false;
+  static constexpr bool kMaskFreeLoop = false;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -54,6 +61,7 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
+  static constexpr bool kMaskFreeLoop = false;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -61,6 +69,7 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
+  static constexpr bool kMaskFreeLoop = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -68,6 +77,7 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = true;
+  static constexpr bool kMaskFreeLoop = false;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
