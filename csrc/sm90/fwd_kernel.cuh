@@ -36,10 +36,11 @@
 //   pipelines' empty barriers count every consumer warp group, and it takes part in the first
 //   V tile's zeroing.  A warp group that skips the block's first key tile takes its turn for
 //   the first S at once (below), so that the turns never wait on a skipped tile.
-// - Inside a warp group the GEMMs overlap the softmax: iteration n issues S_n = Q K_n^T and
-//   O += P_{n+1} V_{n+1}, waits for S_n only, runs the softmax of S_n while the P V wgmma still
-//   runs, then waits for it (and rescales O, unless kRescaleUnderS: then O is rescaled between
-//   the next S and P V issues).
+// - Inside a warp group, iteration n issues S_n = Q K_n^T and O += P_{n+1} V_{n+1}, waits for
+//   S_n only, runs the softmax of S_n, then waits for P V (and rescales O, unless
+//   kRescaleUnderS: then O is rescaled between the next S and P V issues).  That is the order
+//   of the source; ptxas moves the P V wait up to the row maximum's first shuffle (NOTES entry
+//   54), so a warp group's softmax runs under the other warp groups' GEMMs, not its own P V.
 // - With kPingPong the consumer warp groups also take turns, in a round: each issues its GEMMs
 //   between a sync on its own scheduler barrier and an arrive on the next one's, so the GEMMs
 //   of one run while the others do their softmax.  The last warp group grants the first turn,

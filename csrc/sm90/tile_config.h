@@ -34,8 +34,8 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // kMaskFreeLoop: the key tiles a warp group's rows see whole (one run) take a copy of the key
 // loop without the mask's code, so that the hot loop is one block of straight-line code.  On at
 // head dim 64 (+6% at seqlen 16k, -2% at 512, NOTES entry 54); off at 128 (-2-4.5% at
-// non-causal 512-2k) and 256 (-2% at 16k): with no branch left between the S wait and the P V
-// wait, ptxas puts the P V wait before the whole softmax.  96 and 192 untimed.
+// non-causal 512-2k) and 256 (-2% at 16k), for reasons the SASS does not show plainly (NOTES
+// entry 54); 96 and 192 untimed.
 // Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
 // bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 template <int kHeadDim> struct FwdTileConfig;
