@@ -22,10 +22,10 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // spills; timed at 256, persistent or not, that code ran 2-9% below the one-tile kernel (NOTES
 // entry 47).
 // kPerWarpGroupKeys: each consumer warp group visits only the key tiles its own rows see (Note
-// [Hopper forward pipeline]).  On at head dims 64 and 96, whose 192-row tiles hold warp groups
-// that see a quarter fewer key tiles under a causal mask at seqlen 512-1k (+19% there, +11% at
-// 2k, NOTES entry 52); off at 128-256, where it skips little and its code alone cost 5-10%
-// (the loop's schedule; at 256 the spills grew from 28 to 100 bytes).
+// [Hopper forward pipeline]).  On at head dim 64, whose 192-row tiles hold warp groups that
+// see a quarter fewer key tiles under a causal mask at seqlen 512-1k (+19% there, +11% at 2k,
+// NOTES entry 52); off at 96-256, where it skips little and its code alone cost 5-10% (the
+// loop's schedule; at 256 the spills grew from 28 to 100 bytes).
 // kRescaleUnderS: O is rescaled by the last softmax step's correction between the issue of the
 // next S = Q K^T and that of P V (O is no GEMM's operand there, and the tensor cores are busy),
 // rather than after the P V wait, where the rescale's FMULs delay the next S.  On at head dim
@@ -36,8 +36,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // head dim 64 (+6% at seqlen 16k, -2% at 512, NOTES entry 54); off at 128 (-2-4.5% at
 // non-causal 512-2k) and 256 (-2% at 16k), for reasons the SASS does not show plainly (NOTES
 // entry 54); 96 and 192 untimed.
-// Head dims 64 and 96 take 3 consumer warp groups at 160 registers, and spill (NOTES gives the
-// bytes per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
+// Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
+// per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
+// Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
+// registers, and it ran every wgmma one at a time (C7512); the 2 x 240 shape ran 13-24% faster
+// at every point timed (NOTES entry 55).
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 registers; 89 KB
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
@@ -47,11 +50,11 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = true;
 };
-template <> struct FwdTileConfig<96> {  // 3 consumer warp groups x 160 registers; 133 KB
-  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
+template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
-  static constexpr bool kPerWarpGroupKeys = true;
+  static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
 };
