@@ -13,7 +13,8 @@ ab/variants.json, so that `run` needs no git (the GPU machine may have none: car
 MAX_JOBS shared between them), runs `--check CMD` in each (tests of a new kernel, under a time
 limit: a variant that fails or hangs is not timed), then times each with this checkout's
 bench_attn.py, the variant first on the import path, and prints the ratio table; ab/out/NAME.json
-holds the raw numbers.
+holds the raw numbers.  Head dims that do not divide 2048 (96, 192) need `--model-dim`, e.g.
+1536: checked before anything is built.
 """
 
 import argparse
@@ -141,7 +142,7 @@ def run(args) -> int:
             [str((ab_dir / name).resolve())] + [p for p in [env.get("PYTHONPATH")] if p])
         cmd = [sys.executable, str(BENCH), "--direction", args.direction, "--hdims", args.hdims,
                "--seqlens", args.seqlens, "--backends", "flash_cuda," + args.peer,
-               "--json", str(out / f"{label}.json")]
+               "--model-dim", str(args.model_dim), "--json", str(out / f"{label}.json")]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         (out / f"bench_{label}.log").write_text(proc.stdout + proc.stderr)
         print(f"bench {label}: rc={proc.returncode}", flush=True)
@@ -163,6 +164,8 @@ def main(argv=None) -> int:
     r.add_argument("--hdims", default="64,128,256")
     r.add_argument("--seqlens", default="512,2048,16384")
     r.add_argument("--peer", default="sdpa_cudnn")
+    r.add_argument("--model-dim", type=int, default=2048,
+                   help="heads * head dim, as bench_attn.py's (every head dim must divide it)")
     r.add_argument("--out", default=str(ROOT / "ab" / "out"))
     r.add_argument("--check", metavar="CMD",
                    help="a shell command run in each variant's directory before any timing; "
@@ -171,6 +174,12 @@ def main(argv=None) -> int:
     r.add_argument("--check-timeout", type=float, default=300.0, metavar="S",
                    help="seconds each check may take before it counts as failed")
     args = parser.parse_args(argv)
+    if args.command == "run":
+        # Checked before any build: bench_attn.py would refuse it only after them.
+        for hdim in args.hdims.split(","):
+            if not hdim.strip().isdigit() or int(hdim) <= 0 or args.model_dim % int(hdim):
+                parser.error(f"--hdims: {hdim.strip()} must be a positive divisor of "
+                             f"--model-dim {args.model_dim} (e.g. --model-dim 1536 for 96)")
     if args.command == "prepare":
         for v in prepare(args.pairs, Path(args.ab)):
             print(f"{v['name']}: {v['rev']} = {v['commit']}")

@@ -226,3 +226,14 @@ def test_ab_times_only_the_variants_whose_check_passes(tmp_path):
     passed = ab.check_variants(["base", "broken", "hangs"], cmd, tmp_path, tmp_path, timeout=2)
     assert passed == ["base"]
     assert (tmp_path / "check_broken.log").exists() and (tmp_path / "check_hangs.log").exists()
+
+
+def test_ab_run_refuses_a_head_dim_the_model_dim_does_not_hold(tmp_path, capsys):
+    import ab
+    # Refused before any variant is built (there is none under tmp_path).
+    with pytest.raises(SystemExit) as e:
+        ab.main(["--ab", str(tmp_path), "run", "--hdims", "64,96"])
+    assert e.value.code == 2
+    assert "--hdims: 96 must be a positive divisor of --model-dim 2048" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab.main(["--ab", str(tmp_path), "run", "--hdims", "x"])
