@@ -602,6 +602,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       convert_into(tOrP, tSrS);
 
       // Issues S_{n-1} = Q K_{n-1}^T and O += P_n V_n, and runs the softmax of S_{n-1}.
+      // `masked` (a bool constant): S_{n-1} may need the mask; the tile is checked unless the
+      // mask-free copy took every all-visible tile out.
       auto iteration = [&](auto masked) {
         pipeline_k.consumer_wait(read_k);
         if constexpr (kPingPong) wait_v();  // outside the turn
