@@ -449,18 +449,29 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   const FwdParams& p = params.problem;
   const int tid = threadIdx.x - 128;  // among the consumers
   const int m0 = w.m_block * kBlockM;
-  const int wg_m0 = m0 + (tid / 128) * 64;  // this warp group's first row
+  // This thread's warp group, through a shuffle from lane 0 so that ptxas sees it is the same in
+  // every lane: what derives from it (the operands' wgmma descriptors, the warp group's key
+  // range and so the pipeline stages it reads) then lives in uniform registers, as wgmma takes
+  // its descriptors.  From `tid / 128` itself, Q's descriptors (and at head dim 64 the stage
+  // addresses) sat in vector registers, and every wgmma of the key loop waited for R2UR copies
+  // (NOTES entry 56).
+  const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
+  const int wg_m0 = m0 + wg * 64;  // this warp group's first row
   const MaskInfo mask = w.mask(p);
   TiledMmaQK mma_qk;
   TiledMmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(tid);
-  auto thr_pv = mma_pv.get_thread_slice(tid);
+  auto thr_qk = mma_qk.get_thread_slice(tid);  // per thread: the accumulators' elements
+  // Per warp group: the operands' descriptors, sliced by the warp group's first thread.
+  const auto wg_first_thread =
+      make_layout(make_shape(Int<kConsumerWarpGroups>{}), make_stride(_128{}));
+  auto wg_qk = mma_qk.get_slice(wg_first_thread(wg));
+  auto wg_pv = mma_pv.get_slice(wg_first_thread(wg));
   Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});   // (M, D)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutVt{});  // (D, N, stage)
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
-  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
-  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+  Tensor tSrQ = wg_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
+  Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileShapeQK{}));  // fp32 S
   Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(TileShapePV{}));  // fp32 O
   Tensor tOrP = make_tensor<Element>(accumulator_as_a(tSrS.layout()));      // P, the A of P V
@@ -490,7 +501,6 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
 
   // The scheduler barriers of kPingPong: a warp group's 128 threads sync on its own, the 128 of
   // the warp group before it (in a round) arrive.
-  const uint32_t wg = tid / 128;
   auto turn_begin = [&] {
     if constexpr (kPingPong) {
       cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
