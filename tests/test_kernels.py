@@ -226,6 +226,18 @@ def test_blocks_take_many_tiles(d, window, causal):
     varlen_case(DTYPES[0], d, lens_q, lens_k, 8, 2, window, causal)
 
 
+@pytest.mark.skipif(128 not in compiled_head_dims(), reason="no head-dim-128 kernel built")
+@pytest.mark.parametrize("window,causal", [((-1, -1), False), ((-1, -1), True), ((300, 0), False)])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_long_key_tile(window, causal, varlen):
+    """From 8192 keys on, the sm90 forward at head dim 128 takes a 176-key tile
+    (csrc/sm90/tile_config.h), whose last tile is partial here (8300 = 47 x 176 + 28)."""
+    if varlen:
+        varlen_case(DTYPES[0], 128, [300, 0, 129], [8300, 17, 9001], 4, 2, window, causal)
+    else:
+        dense_case(DTYPES[-1], 128, 300, 8300, 4, 2, window, causal, batch=1)
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_seqused(causal):
