@@ -229,9 +229,9 @@ def test_blocks_take_many_tiles(d, window, causal):
 @pytest.mark.skipif(128 not in compiled_head_dims(), reason="no head-dim-128 kernel built")
 @pytest.mark.parametrize("window,causal", [((-1, -1), False), ((-1, -1), True), ((300, 0), False)])
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_long_key_tile(window, causal, varlen):
-    """From 8192 keys on, the sm90 forward at head dim 128 takes a 176-key tile
-    (csrc/sm90/tile_config.h), whose last tile is partial here (8300 = 47 x 176 + 28)."""
+def test_long_keys(window, causal, varlen):
+    """Long key sequences at head dim 128, with a partial last key tile for 128- and 176-key tiles
+    (8300 = 64 x 128 + 108 = 47 x 176 + 28; a 176-key tile was timed for long keys, NOTES 56)."""
     if varlen:
         varlen_case(DTYPES[0], 128, [300, 0, 129], [8300, 17, 9001], 4, 2, window, causal)
     else:

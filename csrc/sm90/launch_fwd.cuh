@@ -17,9 +17,6 @@ namespace flash_cuda::sm90 {
 
 template <class ElementTag, int kHeadDim>
 using FwdKernelFor = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>>;
-// The long-key tile of the head dim (tile_config.h), where it has one.
-template <class ElementTag, int kHeadDim>
-using LongKeysKernelFor = FwdKernel<ElementTag, kHeadDim, LongKeysTile<FwdTileConfig<kHeadDim>>>;
 
 // Whether TMA can address a tensor: a 16-byte aligned base (null for an empty tensor) and
 // strides that are multiples of 16 bytes below 2^40 bytes.  The op layer copies tensors whose
@@ -49,32 +46,16 @@ template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams& p) 
   return Kernel::kSmemBytes <= limit;
 }
 
-// Whether the problem takes the head dim's long-key tile: keys enough (the longest sequence's,
-// for packed ones) and the shared memory for it.
-template <class ElementTag, int kHeadDim> bool takes_long_keys_tile(const FwdParams& p) {
-  using Config = FwdTileConfig<kHeadDim>;
-  if constexpr (Config::kLongKeysBlockN == 0) {
-    return false;
-  } else {
-    if (p.seq_k.seqlen < Config::kLongKeysFrom) return false;
-    int limit = 0;
-    if (max_smem_per_block(&limit) != cudaSuccess) {
-      cudaGetLastError();  // the launch reports a broken device
-      return false;
-    }
-    return LongKeysKernelFor<ElementTag, kHeadDim>::kSmemBytes <= limit;
-  }
-}
-
-// The tile counter of the persistent kernel's dynamic schedule (the long-key tile is persistent
-// where the config is).
+// The tile counter of the persistent kernel's dynamic schedule.
 template <class ElementTag, int kHeadDim> size_t fwd_workspace_bytes(const FwdParams&) {
   return FwdKernelFor<ElementTag, kHeadDim>::kPersistent ? sizeof(int) : 0;
 }
 
-template <class Kernel>
-cudaError_t launch_fwd(const FwdParams& p, void* workspace, cudaStream_t stream) {
-  constexpr int kHeadDim = Kernel::kHeadDim;
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stream) {
+  // A GQA decode step reads its keys once per group (common/gqa_pack.h).
+  const FwdParams p = packed_view(problem);
+  using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
   using Element = typename Kernel::Element;
   const unsigned m_tiles = tiles(p.seq_q.seqlen, Kernel::kBlockM);
   // No query rows (then out and lse are empty too): nothing to write.
@@ -144,18 +125,6 @@ cudaError_t launch_fwd(const FwdParams& p, void* workspace, cudaStream_t stream)
   }
   return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
                           params);
-}
-
-template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stream) {
-  // A GQA decode step reads its keys once per group (common/gqa_pack.h).
-  const FwdParams p = packed_view(problem);
-  if constexpr (FwdTileConfig<kHeadDim>::kLongKeysBlockN > 0) {
-    if (takes_long_keys_tile<ElementTag, kHeadDim>(p)) {
-      return launch_fwd<LongKeysKernelFor<ElementTag, kHeadDim>>(p, workspace, stream);
-    }
-  }
-  return launch_fwd<FwdKernelFor<ElementTag, kHeadDim>>(p, workspace, stream);
 }
 
 }  // namespace flash_cuda::sm90

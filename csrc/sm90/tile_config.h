@@ -36,10 +36,6 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // head dim 64 (+6% at seqlen 16k, -2% at 512, NOTES entry 54); off at 128 (-2-4.5% at
 // non-causal 512-2k) and 256 (-2% at 16k), for reasons the SASS does not show plainly (NOTES
 // entry 54); 96 and 192 untimed.
-// kLongKeysBlockN (0: none): where a problem's keys number kLongKeysFrom or more, the launcher
-// takes this kBlockN instead (the LongKeysTile below): a longer key tile spreads the softmax's
-// per-tile steps (row maximum and sum shuffles, O's rescale, the barriers) over more keys, and
-// a long sequence wastes little of its last tile.  Head dim 128: 176 (NOTES entries 46, 56).
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -53,7 +49,6 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPerWarpGroupKeys = true;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = true;
-  static constexpr int kLongKeysBlockN = 0, kLongKeysFrom = 0;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -62,7 +57,6 @@ template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + 
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
-  static constexpr int kLongKeysBlockN = 0, kLongKeysFrom = 0;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -71,7 +65,6 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
-  static constexpr int kLongKeysBlockN = 176, kLongKeysFrom = 8192;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -80,7 +73,6 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
-  static constexpr int kLongKeysBlockN = 0, kLongKeysFrom = 0;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -89,12 +81,6 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = true;
   static constexpr bool kMaskFreeLoop = false;
-  static constexpr int kLongKeysBlockN = 0, kLongKeysFrom = 0;
-};
-
-// A config's long-key tile: kBlockN = kLongKeysBlockN, the rest as the config says.
-template <class Config> struct LongKeysTile : Config {
-  static constexpr int kBlockN = Config::kLongKeysBlockN;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
