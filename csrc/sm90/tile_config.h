@@ -14,7 +14,8 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // P (kBlockN / 4) of their 64 rows.
 // kPingPong: the consumer warp groups take turns issuing every GEMM (Note [Hopper forward
 // pipeline]), so that one's softmax runs under the others' wgmma.  Off everywhere: timed alone
-// at head dims 64, 128 and 256 it lost 2-7% at most points of the grid (NOTES entries 44, 51).
+// at head dims 64, 128 and 256 it lost 2-7% at most points of the grid (NOTES entries 44, 51),
+// and at 128 again, with uniform descriptors, 2-4% at 2k-16k (entry 57).
 // kPersistent: one block per SM takes tiles in turn from a tile counter (Note [Hopper forward
 // pipeline]), which hides each tile's set-up and epilogue under the next tile's loads; otherwise
 // one block per tile.  Off at head dims 192 and 256: there O is staged in Q's buffer, so the next
@@ -28,14 +29,15 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // loop's schedule; at 256 the spills grew from 28 to 100 bytes).
 // kRescaleUnderS: O is rescaled by the last softmax step's correction between the issue of the
 // next S = Q K^T and that of P V (O is no GEMM's operand there, and the tensor cores are busy),
-// rather than after the P V wait, where the rescale's FMULs delay the next S.  On at head dim
-// 256 (+3-7% at seqlen 2k-16k, NOTES entry 53); off at 64 (-1.5-3%) and 128 (within 1%); 192
-// untimed.
+// rather than after the P V wait, where the rescale's FMULs delay the next S.  On at head dims
+// 256 (+3-7% at seqlen 2k-16k, NOTES entry 53) and 64 (+4% at 16k, +2% at causal 2k, -2.5% at
+// non-causal 512, entry 57; it had lost 1.5-3% before entry 56's uniform descriptors); off at
+// 128 (within 1%, entry 53); 96 and 192 untimed.
 // kMaskFreeLoop: the key tiles a warp group's rows see whole (one run) take a copy of the key
 // loop without the mask's code, so that the hot loop is one block of straight-line code.  On at
-// head dim 64 (+6% at seqlen 16k, -2% at 512, NOTES entry 54); off at 128 (-2-4.5% at
-// non-causal 512-2k) and 256 (-2% at 16k), for reasons the SASS does not show plainly (NOTES
-// entry 54); 96 and 192 untimed.
+// head dims 64 (+6% at seqlen 16k, -2% at 512, NOTES entry 54), 128 (+1.5% at 16k, -2% at
+// non-causal 512, entry 57) and 256 (0 to +0.6%, entry 57); at 128 and 256 it had lost up to
+// 4.5% before entry 56's uniform descriptors.  96 and 192 untimed.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -47,7 +49,7 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
-  static constexpr bool kRescaleUnderS = false;
+  static constexpr bool kRescaleUnderS = true;
   static constexpr bool kMaskFreeLoop = true;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
@@ -64,7 +66,7 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
-  static constexpr bool kMaskFreeLoop = false;
+  static constexpr bool kMaskFreeLoop = true;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -80,7 +82,7 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kPersistent = false;
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = true;
-  static constexpr bool kMaskFreeLoop = false;
+  static constexpr bool kMaskFreeLoop = true;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
