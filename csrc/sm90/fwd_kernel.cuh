@@ -24,6 +24,15 @@
 //   staged in Q's buffer (head dims 192 and 256, whose shared memory holds no second buffer).
 //   The tile's first K is issued before that wait: its stage is free as soon as this tile's
 //   last S has read it (NOTES entry 50: +3-11% at seqlen 512-2k).
+// - With kPrefetchQ, Q has two buffers (each with its barriers and tile index; the block's
+//   i-th tile takes buffer i % 2): the producer claims the next tile and issues its Q right
+//   after the current tile's first K, so a tile's Q is requested a whole tile before it is
+//   read.  With kCrossTileS, a warp group issues the next tile's first S = Q K^T right after
+//   this tile's last P V, waits for the P V, writes this tile's O out and clears it, then
+//   waits for that S and takes it through the mask and the first softmax step, so that the
+//   tensor cores work while O is written out; the next tile's loop then starts at its
+//   second key tile.  Every warp group decides alike (from the next tile alone), so the first
+//   S's turns match; a tile whose first V tile needs zeroing starts the usual way.
 // - K and V have a pipeline each (full barriers counting TMA bytes, empty barriers counting the
 //   consumer threads), so that K of the next key tile can land while V of this one is read.
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
