@@ -627,7 +627,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
   };
 
   // kCrossTileS: this tile's first key tile was computed (its S waited for, masked, taken
-  // through the softmax into P, and O cleared) under the previous tile's epilogue.
+  // through the softmax into P, O cleared and the row statistics reset) under the previous
+  // tile's epilogue.
   bool primed = false;
   int t = next(0);
   for (int i = 0; t >= 0; ++i) {
@@ -645,7 +646,10 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
     int t_next = -1;
     bool have_next = false;  // t_next is the next tile, waited for (kCrossTileS)
     bool next_primed = false;
-    if (!primed) clear(tOrO);
+    if (!primed) {
+      clear(tOrO);
+      softmax.reset();
+    }
     if (w.n_begin < w.n_end) {
       const int v_tail = v_tail_of(w);
       // The key tiles [wg_begin, wg_end) that this warp group's rows see, within the block's
@@ -775,6 +779,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
               if (n_first < next_full_begin || n_first >= next_full_end) {
                 apply_mask(mask_next, wn.m_block * kBlockM, n_first);
               }
+              softmax.reset();
               softmax.template step<true>(S);
               convert_into(tOrP, tSrS);
               next_primed = true;
