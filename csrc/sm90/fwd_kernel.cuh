@@ -24,15 +24,6 @@
 //   staged in Q's buffer (head dims 192 and 256, whose shared memory holds no second buffer).
 //   The tile's first K is issued before that wait: its stage is free as soon as this tile's
 //   last S has read it (NOTES entry 50: +3-11% at seqlen 512-2k).
-// - With kPrefetchQ, Q has two buffers (each with its barriers and tile index; the block's
-//   i-th tile takes buffer i % 2): the producer claims the next tile and issues its Q right
-//   after the current tile's first K, so a tile's Q is requested a whole tile before it is
-//   read.  With kCrossTileS, a warp group issues the next tile's first S = Q K^T right after
-//   this tile's last P V, waits for the P V, writes this tile's O out and clears it, then
-//   waits for that S and takes it through the mask and the first softmax step, so that the
-//   tensor cores work while O is written out; the next tile's loop then starts at its
-//   second key tile.  Every warp group decides alike (from the next tile alone), so the first
-//   S's turns match; a tile whose first V tile needs zeroing starts the usual way.
 // - K and V have a pipeline each (full barriers counting TMA bytes, empty barriers counting the
 //   consumer threads), so that K of the next key tile can land while V of this one is read.
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
@@ -135,14 +126,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr bool kPerWarpGroupKeys = Config::kPerWarpGroupKeys && !kPingPong;
   static constexpr bool kRescaleUnderS = Config::kRescaleUnderS;
   static constexpr bool kMaskFreeLoop = Config::kMaskFreeLoop;
-  // Q in two buffers, the next tile's loaded while this one runs (persistent only).
-  static constexpr bool kPrefetchQ = Config::kPrefetchQ && kPersistent;
-  static constexpr int kQBuffers = kPrefetchQ ? 2 : 1;
-  // The next tile's first S = Q K^T issued before this tile's epilogue (Note [Hopper forward
-  // pipeline]); its Q has then long landed (kPrefetchQ).  Every warp group visits the block's
-  // key tiles (no kPerWarpGroupKeys), and no turns but the first S's.
-  static constexpr bool kCrossTileS =
-      Config::kCrossTileS && kPrefetchQ && !kPerWarpGroupKeys && !kPingPong;
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O += P V
@@ -193,21 +176,19 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   struct Barriers {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    // Per Q buffer: the tile's Q has landed; the buffer may take the next Q; the tile's index,
-    // or -1: no tile left (written before barrier_q's arrive).
-    cutlass::arch::ClusterTransactionBarrier barrier_q[kQBuffers];
-    cutlass::arch::ClusterBarrier barrier_q_free[kQBuffers];
-    int tile[kQBuffers];
+    cutlass::arch::ClusterTransactionBarrier barrier_q;  // this tile's Q has landed
+    cutlass::arch::ClusterBarrier barrier_q_free;        // Q's buffer may take the next Q
+    int tile;  // this tile's index, or -1: no tile left (written before barrier_q's arrive)
   };
   // O gets its own staging buffer where shared memory holds one (Note [Hopper forward
   // pipeline]).
   static constexpr bool kSeparateO =
-      kPersistent && sizeof(Buffer) * (kQBuffers + 1) + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 +
+      kPersistent && sizeof(Buffer) * 2 + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 +
                         sizeof(Barriers) + 1024 <=
                     kMaxSmemBytes;
   struct NoBuffer {};
   struct SharedStorage {
-    alignas(1024) Buffer q[kQBuffers];  // the first also O's staging without kSeparateO
+    alignas(1024) Buffer q;  // also O's staging without kSeparateO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(1024) std::conditional_t<kSeparateO, Buffer, NoBuffer> o;
@@ -223,13 +204,11 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
                  Stride<Stride<_1, Int<64 * kHeadDim>>, _64>>{})),
       SmemLayoutQ>;
   static_assert(kSmemBytes <= kMaxSmemBytes, "the tile fits an sm90 block");
-  static_assert(!kPrefetchQ || (kSeparateO && sizeof(Buffer) % 1024 == 0),
-                "a second Q buffer needs O's own and the swizzle's alignment");
   static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
     if constexpr (kSeparateO) {
       return storage.o.data();
     } else {
-      return storage.q[0].data();
+      return storage.q.data();
     }
   }
 
@@ -274,23 +253,15 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     }
   };
 
-  // `issue_q` runs once the tile's first K load is issued (at once for a tile without a visible
-  // key): it issues a Q (this tile's, or with kPrefetchQ the next one's), since the first K's
-  // stage is free before a Q buffer is.
-  template <class IssueQ>
+  // `before_q` runs once the tile's first K load is issued, before Q's (it waits until Q's
+  // buffer is free and publishes the tile's index).
+  template <class BeforeQ>
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, const Work& w, PipelineState& write,
-                              IssueQ&& issue_q);
-  // w's Q into buffer b, on its barrier (a plain arrive for a tile without a visible key).
-  static __device__ void load_q(const Params& params, SharedStorage& storage, const Work& w,
-                                int b);
-  // The consumers' work on the block's tiles: `next(i)` waits for the block's i-th tile's Q and
-  // returns the tile (-1: none is left), `work_of(tile)` its Work.
-  template <class Next, class WorkOf>
+                              BeforeQ&& before_q);
   static __device__ void consume(const Params& params, SharedStorage& storage,
-                                 Pipeline& pipeline_k, Pipeline& pipeline_v,
-                                 PipelineState& read_k, PipelineState& read_v, Next&& next,
-                                 WorkOf&& work_of);
+                                 Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w,
+                                 PipelineState& read_k, PipelineState& read_v);
   template <class TensorO, class TensorLse>
   static __device__ void epilogue(const Params& params, SharedStorage& storage, const Work& w,
                                   TensorO& o, TensorLse& lse);
@@ -313,10 +284,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     Pipeline pipeline_k(bars.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
     Pipeline pipeline_v(bars.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     if (threadIdx.x == 0) {
-      for (int b = 0; b < kQBuffers; ++b) {
-        bars.barrier_q[b].init(1);
-        bars.barrier_q_free[b].init(kConsumerThreads);
-      }
+      bars.barrier_q.init(1);
+      bars.barrier_q_free.init(kConsumerThreads);
       cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
@@ -328,20 +297,13 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         cutlass::arch::warpgroup_reg_dealloc<Registers::kProducerRegs>();
         if (threadIdx.x == 0) {
           PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-          load(params, storage, pipeline_k, pipeline_v, w, write,
-               [&] { load_q(params, storage, w, 0); });
+          load(params, storage, pipeline_k, pipeline_v, w, write, [] {});
         }
       } else {
         cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
         PipelineState read_k, read_v;
-        consume(
-            params, storage, pipeline_k, pipeline_v, read_k, read_v,
-            [&](int i) {
-              if (i > 0) return -1;
-              bars.barrier_q[0].wait(0);
-              return 0;
-            },
-            [&](int) { return w; });
+        bars.barrier_q.wait(0);
+        consume(params, storage, pipeline_k, pipeline_v, w, read_k, read_v);
       }
       return;
     }
@@ -353,60 +315,40 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
       PipelineState write = cutlass::make_producer_start_state<Pipeline>();
       auto next_tile = [&] { return atomicAdd(params.tile_counter, 1) + int(gridDim.x); };
-      // The first tile from t on that does not lie past its packed sequence, or -1.
-      auto claim = [&](int t) {
-        for (; t < params.total_tiles; t = next_tile()) {
+      int taken = 0;  // tiles this block has loaded
+      int t = blockIdx.x;
+      while (true) {
+        for (; t < params.total_tiles; t = next_tile()) {  // skips tiles past a sequence
           const Work w(params, t);
-          if (w.m_block * kBlockM < w.sq.extent) return t;
+          if (w.m_block * kBlockM < w.sq.extent) break;
         }
-        return -1;
-      };
-      int issued = 0;  // tiles (and the end mark) whose Q this block has issued
-      // Tile t (or the end mark, -1) into the next Q buffer, once the consumers are done with
-      // that buffer: its index, then its Q.
-      auto issue_q = [&](int t) {
-        const int b = issued % kQBuffers;
-        if (issued >= kQBuffers) {
-          bars.barrier_q_free[b].wait(((issued - kQBuffers) / kQBuffers) & 1);
+        // The consumers have read the previous index and are done with Q's buffer.
+        auto wait_q_free = [&] {
+          if (taken > 0) bars.barrier_q_free.wait((taken - 1) & 1);
+          bars.tile = t;
+        };
+        if (t >= params.total_tiles) {
+          t = -1;
+          wait_q_free();
+          bars.barrier_q.arrive();
+          break;
         }
-        bars.tile[b] = t;
-        if (t < 0) {
-          bars.barrier_q[b].arrive();
-        } else {
-          load_q(params, storage, Work(params, t), b);
-        }
-        ++issued;
-      };
-      int t = claim(blockIdx.x);
-      if constexpr (kPrefetchQ) issue_q(t);
-      while (t >= 0) {
-        int next = -1;
-        load(params, storage, pipeline_k, pipeline_v, Work(params, t), write, [&] {
-          if constexpr (kPrefetchQ) {
-            // The next tile is claimed here, a tile earlier than without kPrefetchQ.
-            next = claim(next_tile());
-            issue_q(next);
-          } else {
-            issue_q(t);
-          }
-        });
+        load(params, storage, pipeline_k, pipeline_v, Work(params, t), write, wait_q_free);
+        ++taken;
         // Claimed only now, while the consumers still work through the stages in flight: a
         // tile claimed before this one's loads would be bound to this block a whole tile early,
         // which unbalances the end of a causal schedule.
-        if constexpr (!kPrefetchQ) next = claim(next_tile());
-        t = next;
+        t = next_tile();
       }
-      if constexpr (!kPrefetchQ) issue_q(-1);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
       PipelineState read_k, read_v;
-      consume(
-          params, storage, pipeline_k, pipeline_v, read_k, read_v,
-          [&](int i) {
-            bars.barrier_q[i % kQBuffers].wait((i / kQBuffers) & 1);
-            return *static_cast<volatile int*>(&bars.tile[i % kQBuffers]);
-          },
-          [&](int tile) { return Work(params, tile); });
+      for (int taken = 0;; ++taken) {
+        bars.barrier_q.wait(taken & 1);
+        const int t = *static_cast<volatile int*>(&bars.tile);
+        if (t < 0) break;
+        consume(params, storage, pipeline_k, pipeline_v, Work(params, t), read_k, read_v);
+      }
       // Shared memory must outlive the TMA stores that read it.
       if (threadIdx.x % 128 == 0) tma_store_wait<0>();
     }
@@ -437,30 +379,40 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TensorA& a, const Tens
 }
 
 template <class ElementTag, int kHeadDim, class Config>
-template <class IssueQ>
+template <class BeforeQ>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& params,
                                                               SharedStorage& storage,
                                                               Pipeline& pipeline_k,
                                                               Pipeline& pipeline_v,
                                                               const Work& w,
                                                               PipelineState& write,
-                                                              IssueQ&& issue_q) {
+                                                              BeforeQ&& before_q) {
+  Barriers& bars = storage.barriers;
   if (w.n_begin >= w.n_end) {  // no key to see: the consumers write zeros
-    issue_q();
+    before_q();
+    bars.barrier_q.arrive();
     return;
   }
   const FwdParams& p = params.problem;
+  const bool varlen_q = p.seq_q.cu_seqlens != nullptr;
   const bool varlen_k = p.seq_k.cu_seqlens != nullptr;
-  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);  // (rows, d, heads, batch)
+  Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
+  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);
   Tensor mV = params.tma_v.get_tma_tensor(params.shape_k);
+  Tensor gQ = local_tile(domain_offset(make_coord(w.sq.offset, _0{}),
+                                       mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
+                         select<0, 2>(TileShapeQK{}), make_coord(w.m_block, _0{}));  // (M, D)
   Tensor gK = local_tile(domain_offset(make_coord(w.sk.offset, _0{}),
                                        mK(_, _, w.head_kv, varlen_k ? 0 : w.batch)),
                          select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
   Tensor gV = local_tile(domain_offset(make_coord(w.sk.offset, _0{}),
                                        mV(_, _, w.head_kv, varlen_k ? 0 : w.batch)),
                          select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});   // (M, D)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});  // (N, D, stage)
+  auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(gQ));
   auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                     group_modes<0, 2>(gK));
   auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -468,12 +420,17 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
 
   // Rows and columns outside the tensor arrive as zeros (TMA's bounds); rows of the next
   // packed sequence arrive as they are and are masked (Note [Hopper forward pipeline]).
+  // The first K goes first: its stage is free before Q's buffer is.
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
     // Waits until the consumers released the stage, then arms its full barrier with the bytes.
     pipeline_k.producer_acquire(write);
     copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n),
          tKsK(_, write.index()));
-    if (n == w.n_end - 1) issue_q();
+    if (n == w.n_end - 1) {
+      before_q();
+      bars.barrier_q.arrive_and_expect_tx(kQBytes);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(bars.barrier_q), 0), tQgQ, tQsQ);
+    }
     pipeline_v.producer_acquire(write);
     copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n),
          tVsV(_, write.index()));
@@ -482,34 +439,16 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
 }
 
 template <class ElementTag, int kHeadDim, class Config>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config>::load_q(const Params& params,
-                                                                SharedStorage& storage,
-                                                                const Work& w, int b) {
-  auto& barrier = storage.barriers.barrier_q[b];
-  if (w.n_begin >= w.n_end) {
-    barrier.arrive();
-    return;
-  }
-  const bool varlen_q = params.problem.seq_q.cu_seqlens != nullptr;
-  Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
-  Tensor gQ = local_tile(domain_offset(make_coord(w.sq.offset, _0{}),
-                                       mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
-                         select<0, 2>(TileShapeQK{}), make_coord(w.m_block, _0{}));  // (M, D)
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q[b].data()), SmemLayoutQ{});  // (M, D)
-  auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                    group_modes<0, 2>(gQ));
-  barrier.arrive_and_expect_tx(kQBytes);
-  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(barrier), 0), tQgQ, tQsQ);
-}
-
-template <class ElementTag, int kHeadDim, class Config>
-template <class Next, class WorkOf>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
-    const Params& params, SharedStorage& storage, Pipeline& pipeline_k, Pipeline& pipeline_v,
-    PipelineState& read_k, PipelineState& read_v, Next&& next, WorkOf&& work_of) {
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& params,
+                                                                 SharedStorage& storage,
+                                                                 Pipeline& pipeline_k,
+                                                                 Pipeline& pipeline_v,
+                                                                 const Work& w,
+                                                                 PipelineState& read_k,
+                                                                 PipelineState& read_v) {
   const FwdParams& p = params.problem;
-  Barriers& bars = storage.barriers;
   const int tid = threadIdx.x - 128;  // among the consumers
+  const int m0 = w.m_block * kBlockM;
   // This thread's warp group, through a shuffle from lane 0 so that ptxas sees it is the same in
   // every lane: what derives from it (the operands' wgmma descriptors, the warp group's key
   // range and so the pipeline stages it reads) then lives in uniform registers, as wgmma takes
@@ -517,6 +456,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
   // addresses) sat in vector registers, and every wgmma of the key loop waited for R2UR copies
   // (NOTES entry 56).
   const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
+  const int wg_m0 = m0 + wg * 64;  // this warp group's first row
+  const MaskInfo mask = w.mask(p);
   TiledMmaQK mma_qk;
   TiledMmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(tid);  // per thread: the accumulators' elements
@@ -525,13 +466,10 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
       make_layout(make_shape(Int<kConsumerWarpGroups>{}), make_stride(_128{}));
   auto wg_qk = mma_qk.get_slice(wg_first_thread(wg));
   auto wg_pv = mma_pv.get_slice(wg_first_thread(wg));
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});   // (M, D)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutVt{});  // (D, N, stage)
-  // Q's descriptors (MMA, MMA_M, MMA_K) in buffer b.
-  auto q_descriptors = [&](int b) {
-    return wg_qk.partition_fragment_A(
-        make_tensor(make_smem_ptr(storage.q[b].data()), SmemLayoutQ{}));
-  };
+  Tensor tSrQ = wg_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
   Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileShapeQK{}));  // fp32 S
@@ -544,10 +482,10 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
   Tensor cS = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(S))::value;
   OnlineSoftmax<kRows> softmax(p.softmax_scale * float(M_LOG2E));
+  clear(tOrO);
 
-  // Masked scores are -inf (NaN and garbage of keys past the sequence included); m0 is the
-  // tile's first row.
-  auto apply_mask = [&](const MaskInfo& mask, int m0, int n_block) {
+  // Masked scores are -inf (NaN and garbage of keys past the sequence included).
+  auto apply_mask = [&](int n_block) {
     const int n0 = n_block * kBlockN;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -575,15 +513,14 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
     }
   };
 
-  // Rows of a tile's first V tile past the keys that lie inside the tensor (TMA zero-fills the
-  // rows past it, so a dense problem without seqused has none).  All consumers zero them once
-  // per tile, at the same instruction (bar.sync is .aligned), before any wgmma reads the stage:
+  // Rows of the first V tile past the keys that lie inside the tensor (TMA zero-fills the rows
+  // past it, so a dense problem without seqused has none).  All consumers zero them once per
+  // tile, at the same instruction (bar.sync is .aligned), before any wgmma reads the stage:
   // at the tile's start with kPerWarpGroupKeys (whose warp groups' paths differ later), else
   // under the first S = Q K^T, outside the turns.  So the key loop carries no zeroing code.
-  auto v_tail_of = [&](const Work& w) {
-    return min(w.n_end * kBlockN, int(get<0>(params.shape_k)) - w.sk.offset) - w.sk.len;
-  };
-  auto zero_v_tail = [&](const Work& w, int v_tail) {
+  const int v_tail =
+      min(w.n_end * kBlockN, int(get<0>(params.shape_k)) - w.sk.offset) - w.sk.len;
+  auto zero_v_tail = [&] {
     pipeline_v.consumer_wait(read_v);  // the first key tile's V
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});
     const int first = w.sk.len - (w.n_end - 1) * kBlockN;  // the stage's first row to zero
@@ -626,184 +563,111 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(
     }
   };
 
-  // kCrossTileS: this tile's first key tile was computed (its S waited for, masked, taken
-  // through the softmax into P, O cleared and the row statistics reset) under the previous
-  // tile's epilogue.
-  bool primed = false;
-  int t = next(0);
-  for (int i = 0; t >= 0; ++i) {
-    const Work w = work_of(t);
-    const int b = i % kQBuffers;  // Q's buffer
-    const int m0 = w.m_block * kBlockM;
-    const int wg_m0 = m0 + wg * 64;  // this warp group's first row
-    const MaskInfo mask = w.mask(p);
-    Tensor tSrQ = q_descriptors(b);
-    auto finish_tile = [&] {
-      float lse[kRows];
-      softmax.finish(O, p.softmax_scale, lse);
-      epilogue(params, storage, w, tOrO, lse);
-    };
-    int t_next = -1;
-    bool have_next = false;  // t_next is the next tile, waited for (kCrossTileS)
-    bool next_primed = false;
-    if (!primed) {
-      clear(tOrO);
-      softmax.reset();
+  if (w.n_begin < w.n_end) {
+    // The key tiles [wg_begin, wg_end) that this warp group's rows see, within the block's
+    // (empty: wg_begin = wg_end = n_begin).  Under a causal mask the warp groups of a tile see
+    // different numbers of key tiles (hdim 64, 192 rows: a quarter fewer GEMMs at seqlen 512),
+    // and a warp group whose rows lie past the sequence sees none (kPerWarpGroupKeys; without
+    // it every warp group visits the block's key tiles).
+    int wg_begin = w.n_begin, wg_end = w.n_end;
+    if constexpr (kPerWarpGroupKeys) {
+      mask.key_block_range(wg_m0, 64, kBlockN, wg_begin, wg_end);
+      wg_begin = max(wg_begin, w.n_begin);
+      wg_end = min(wg_end, w.n_end);
+      if (wg_begin >= wg_end) wg_begin = wg_end = w.n_begin;
     }
-    if (w.n_begin < w.n_end) {
-      const int v_tail = v_tail_of(w);
-      // The key tiles [wg_begin, wg_end) that this warp group's rows see, within the block's
-      // (empty: wg_begin = wg_end = n_begin).  Under a causal mask the warp groups of a tile see
-      // different numbers of key tiles (hdim 64, 192 rows: a quarter fewer GEMMs at seqlen 512),
-      // and a warp group whose rows lie past the sequence sees none (kPerWarpGroupKeys; without
-      // it every warp group visits the block's key tiles).
-      int wg_begin = w.n_begin, wg_end = w.n_end;
-      if constexpr (kPerWarpGroupKeys) {
-        mask.key_block_range(wg_m0, 64, kBlockN, wg_begin, wg_end);
-        wg_begin = max(wg_begin, w.n_begin);
-        wg_end = min(wg_end, w.n_end);
-        if (wg_begin >= wg_end) wg_begin = wg_end = w.n_begin;
+    const bool lead = wg_end == w.n_end && wg_begin < wg_end;  // computes on the first key tile
+    if constexpr (kPerWarpGroupKeys) {
+      if (v_tail > 0) zero_v_tail();
+    }
+    if (wg == kConsumerWarpGroups - 1) turn_end();  // warp group 0 goes first
+    if (!lead) {
+      first_turn_begin();
+      first_turn_end();
+    }
+    for (int n = w.n_end - 1; n >= wg_end; --n) skip();
+    if (wg_begin < wg_end) {
+      int n = wg_end - 1;
+      pipeline_k.consumer_wait(read_k);
+      turn_begin();
+      if (lead) first_turn_begin();
+      wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+      if (lead) first_turn_end();
+      turn_end();
+      if constexpr (!kPerWarpGroupKeys) {
+        if (v_tail > 0) zero_v_tail();
       }
-      const bool lead = wg_end == w.n_end && wg_begin < wg_end;  // computes on the first key tile
-      if (!primed) {
-        if constexpr (kPerWarpGroupKeys) {
-          if (v_tail > 0) zero_v_tail(w, v_tail);
-        }
-        if (wg == kConsumerWarpGroups - 1) turn_end();  // warp group 0 goes first
-        if (!lead) {
-          first_turn_begin();
-          first_turn_end();
-        }
-        for (int n = w.n_end - 1; n >= wg_end; --n) skip();
-      }
-      if (wg_begin < wg_end) {
-        int n = wg_end - 1;
-        // The key tiles every score of which this warp group's rows see: one run, which the
-        // loop below takes without the mask's code (kMaskFreeLoop; else it checks each tile).
-        int full_begin, full_end;
-        mask.all_visible_block_range(wg_m0, 64, kBlockN, full_begin, full_end);
-        auto all_visible = [&](int n_block) {
-          return n_block >= full_begin && n_block < full_end;
-        };
-        if (!primed) {
-          pipeline_k.consumer_wait(read_k);
-          turn_begin();
-          if (lead) first_turn_begin();
-          wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-          if (lead) first_turn_end();
-          turn_end();
-          if constexpr (!kPerWarpGroupKeys) {
-            if (v_tail > 0) zero_v_tail(w, v_tail);
-          }
-          warpgroup_wait<0>();
-          pipeline_k.consumer_release(read_k);
-          ++read_k;
-          if (!all_visible(n)) apply_mask(mask, m0, n);
-          softmax.template step<true>(S);
-          convert_into(tOrP, tSrS);
-        }
+      // The key tiles every score of which this warp group's rows see: one run, which the loop
+      // below takes without the mask's code (kMaskFreeLoop; else it checks each tile).
+      int full_begin, full_end;
+      mask.all_visible_block_range(wg_m0, 64, kBlockN, full_begin, full_end);
+      auto all_visible = [&](int n_block) {
+        return n_block >= full_begin && n_block < full_end;
+      };
+      warpgroup_wait<0>();
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+      if (!all_visible(n)) apply_mask(n);
+      softmax.template step<true>(S);
+      convert_into(tOrP, tSrS);
 
-        // Issues S_{n-1} = Q K_{n-1}^T and O += P_n V_n, and runs the softmax of S_{n-1}.
-        // `masked` (a bool constant): S_{n-1} may need the mask; the tile is checked unless the
-        // mask-free copy took every all-visible tile out.
-        auto iteration = [&](auto masked) {
-          pipeline_k.consumer_wait(read_k);
-          if constexpr (kPingPong) wait_v();  // outside the turn
-          turn_begin();
-          wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-          if constexpr (kRescaleUnderS) softmax.rescale(O);  // O is no GEMM's operand now
-          if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
-          wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-          turn_end();
-          warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
-          pipeline_k.consumer_release(read_k);
-          ++read_k;
-          if (decltype(masked)::value && (kMaskFreeLoop || !all_visible(n - 1))) {
-            apply_mask(mask, m0, n - 1);
-          }
-          softmax.template step<false>(S);
-          warpgroup_wait<0>();
-          pipeline_v.consumer_release(read_v);
-          ++read_v;
-          if constexpr (!kRescaleUnderS) softmax.rescale(O);
-          convert_into(tOrP, tSrS);
-        };
-        if constexpr (kMaskFreeLoop) {
-          // Masked tiles (the diagonal, a partial last tile), the all-visible run, then masked
-          // ones again (a left window bound): the outer loop runs at most twice.
-          while (n > wg_begin) {
-            for (; n > wg_begin && !all_visible(n - 1); --n) iteration(cute::true_type{});
-            for (; n > wg_begin && all_visible(n - 1); --n) iteration(cute::false_type{});
-          }
-        } else {
-          for (; n > wg_begin; --n) iteration(cute::true_type{});
-        }
-        // Every S = Q K^T of the tile has run: Q's buffer may take another tile's Q while the
-        // last P V and the epilogue run (unless it stages O).
-        if constexpr (kSeparateO) bars.barrier_q_free[b].arrive();
-        if constexpr (kRescaleUnderS) softmax.rescale(O);
-        wait_v();
+      // Issues S_{n-1} = Q K_{n-1}^T and O += P_n V_n, and runs the softmax of S_{n-1}.
+      // `masked` (a bool constant): S_{n-1} may need the mask; the tile is checked unless the
+      // mask-free copy took every all-visible tile out.
+      auto iteration = [&](auto masked) {
+        pipeline_k.consumer_wait(read_k);
+        if constexpr (kPingPong) wait_v();  // outside the turn
         turn_begin();
+        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        if constexpr (kRescaleUnderS) softmax.rescale(O);  // O is no GEMM's operand now
+        if constexpr (!kPingPong) wait_v();  // while S's wgmma runs
         wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         turn_end();
-        if (wg == 0) turn_begin();  // matches the last warp group's first arrive
-        if constexpr (kCrossTileS) {
-          // The next tile's first S = Q K^T goes to the tensor cores now, under this tile's last
-          // P V and epilogue, where its Q (kPrefetchQ) and first K have landed or are about to.
-          // Its issue and its wait lie in this one branch, so that no path carries a wgmma in
-          // flight into another (NOTES entry 50: ptxas then serialises every wgmma).  A tile
-          // whose first V tile needs zeroing starts as usual.
-          t_next = next(i + 1);
-          have_next = true;
-          if (t_next >= 0) {
-            const Work wn = work_of(t_next);
-            if (wn.n_begin < wn.n_end && v_tail_of(wn) <= 0) {
-              const int n_first = wn.n_end - 1;
-              pipeline_k.consumer_wait(read_k);
-              first_turn_begin();
-              Tensor tSrQ_next = q_descriptors((i + 1) % kQBuffers);
-              wgmma_gemm<true>(mma_qk, tSrQ_next, tSrK(_, _, _, read_k.index()), tSrS);
-              first_turn_end();
-              warpgroup_wait<1>();  // this tile's last P V
-              pipeline_v.consumer_release(read_v);
-              ++read_v;
-              finish_tile();
-              clear(tOrO);
-              const MaskInfo mask_next = wn.mask(p);
-              int next_full_begin, next_full_end;
-              mask_next.all_visible_block_range(wn.m_block * kBlockM + wg * 64, 64, kBlockN,
-                                                next_full_begin, next_full_end);
-              warpgroup_wait<0>();
-              pipeline_k.consumer_release(read_k);
-              ++read_k;
-              if (n_first < next_full_begin || n_first >= next_full_end) {
-                apply_mask(mask_next, wn.m_block * kBlockM, n_first);
-              }
-              softmax.reset();
-              softmax.template step<true>(S);
-              convert_into(tOrP, tSrS);
-              next_primed = true;
-            }
-          }
+        warpgroup_wait<1>();  // S_{n-1} is ready; P_n V_n may still run
+        pipeline_k.consumer_release(read_k);
+        ++read_k;
+        if (decltype(masked)::value && (kMaskFreeLoop || !all_visible(n - 1))) apply_mask(n - 1);
+        softmax.template step<false>(S);
+        warpgroup_wait<0>();
+        pipeline_v.consumer_release(read_v);
+        ++read_v;
+        if constexpr (!kRescaleUnderS) softmax.rescale(O);
+        convert_into(tOrP, tSrS);
+      };
+      if constexpr (kMaskFreeLoop) {
+        // Masked tiles (the diagonal, a partial last tile), the all-visible run, then masked
+        // ones again (a left window bound): the outer loop runs at most twice.
+        while (n > wg_begin) {
+          for (; n > wg_begin && !all_visible(n - 1); --n) iteration(cute::true_type{});
+          for (; n > wg_begin && all_visible(n - 1); --n) iteration(cute::false_type{});
         }
-        if (!next_primed) {
-          warpgroup_wait<0>();
-          pipeline_v.consumer_release(read_v);
-          ++read_v;
-        }
-      } else if constexpr (kSeparateO) {
-        bars.barrier_q_free[b].arrive();
+      } else {
+        for (; n > wg_begin; --n) iteration(cute::true_type{});
       }
-      for (int n = wg_begin - 1; n >= w.n_begin; --n) skip();
+      // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
+      // last P V and the epilogue run (unless it stages O).
+      if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
+      if constexpr (kRescaleUnderS) softmax.rescale(O);
+      wait_v();
+      turn_begin();
+      wgmma_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      turn_end();
+      if (wg == 0) turn_begin();  // matches the last warp group's first arrive
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(read_v);
+      ++read_v;
     } else if constexpr (kSeparateO) {
-      bars.barrier_q_free[b].arrive();
+      storage.barriers.barrier_q_free.arrive();
     }
-
-    if (!next_primed) finish_tile();
-    if constexpr (kPersistent && !kSeparateO) bars.barrier_q_free[b].arrive();
-    primed = next_primed;
-    t = have_next ? t_next : next(i + 1);
+    for (int n = wg_begin - 1; n >= w.n_begin; --n) skip();
+  } else if constexpr (kSeparateO) {
+    storage.barriers.barrier_q_free.arrive();
   }
+
+  float lse[kRows];
+  softmax.finish(O, p.softmax_scale, lse);
+  epilogue(params, storage, w, tOrO, lse);
+  if constexpr (kPersistent && !kSeparateO) storage.barriers.barrier_q_free.arrive();
 }
 
 template <class ElementTag, int kHeadDim, class Config>

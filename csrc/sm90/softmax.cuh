@@ -56,11 +56,6 @@ template <int kRows> struct OnlineSoftmax {
   float scale_log2;
 
   __device__ __forceinline__ explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
-    reset();
-  }
-
-  // No key seen yet (a tile's start).
-  __device__ __forceinline__ void reset() {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       row_max[r] = -INFINITY;

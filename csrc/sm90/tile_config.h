@@ -38,13 +38,6 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // head dims 64 (+6% at seqlen 16k, -2% at 512, NOTES entry 54), 128 (+1.5% at 16k, -2% at
 // non-causal 512, entry 57) and 256 (0 to +0.6%, entry 57); at 128 and 256 it had lost up to
 // 4.5% before entry 56's uniform descriptors.  96 and 192 untimed.
-// kPrefetchQ (persistent only): Q in two buffers, so that the producer loads the next tile's Q
-// as this tile starts, a whole tile before it is read, rather than after this tile's last
-// S = Q K^T.  Untimed: off everywhere.
-// kCrossTileS (needs kPrefetchQ; not with kPerWarpGroupKeys or kPingPong): the next tile's first
-// S = Q K^T is issued right after this tile's last P V, and its softmax runs after this tile's
-// epilogue, so that the tensor cores work while O is written out (Note [Hopper forward
-// pipeline]).  Untimed: off everywhere.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -58,8 +51,6 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPerWarpGroupKeys = true;
   static constexpr bool kRescaleUnderS = true;
   static constexpr bool kMaskFreeLoop = true;
-  static constexpr bool kPrefetchQ = false;
-  static constexpr bool kCrossTileS = false;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -68,8 +59,6 @@ template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + 
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
-  static constexpr bool kPrefetchQ = false;
-  static constexpr bool kCrossTileS = false;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -78,8 +67,6 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = true;
-  static constexpr bool kPrefetchQ = false;
-  static constexpr bool kCrossTileS = false;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -88,8 +75,6 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
-  static constexpr bool kPrefetchQ = false;
-  static constexpr bool kCrossTileS = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -98,8 +83,6 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = true;
   static constexpr bool kMaskFreeLoop = true;
-  static constexpr bool kPrefetchQ = false;
-  static constexpr bool kCrossTileS = false;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
