@@ -24,6 +24,12 @@
 //   staged in Q's buffer (head dims 192 and 256, whose shared memory holds no second buffer).
 //   The tile's first K is issued before that wait: its stage is free as soon as this tile's
 //   last S has read it (NOTES entry 50: +3-11% at seqlen 512-2k).
+// - With kPrefetchQ, Q has two buffers, each with its barriers and tile index (the block's i-th
+//   tile takes buffer i % 2).  The producer claims the next tile and issues its Q while it
+//   loads the current tile's last kPrefetchQLead + 1 key tiles (at the first K of a tile with
+//   fewer), so that the next Q lands before this tile's epilogue without waiting for this
+//   tile's last S; claiming no earlier than that keeps a long tile from binding the next one to
+//   its block long before the block can start it (the end of the schedule stays balanced).
 // - K and V have a pipeline each (full barriers counting TMA bytes, empty barriers counting the
 //   consumer threads), so that K of the next key tile can land while V of this one is read.
 // - Key tiles are visited from the last to the first, so the masked ones of a partial last
@@ -126,6 +132,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr bool kPerWarpGroupKeys = Config::kPerWarpGroupKeys && !kPingPong;
   static constexpr bool kRescaleUnderS = Config::kRescaleUnderS;
   static constexpr bool kMaskFreeLoop = Config::kMaskFreeLoop;
+  // Q in two buffers, the next tile's requested under this one (persistent only).
+  static constexpr bool kPrefetchQ = Config::kPrefetchQ && kPersistent;
+  static constexpr int kQBuffers = kPrefetchQ ? 2 : 1;
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O += P V
@@ -176,19 +185,21 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   struct Barriers {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    cutlass::arch::ClusterTransactionBarrier barrier_q;  // this tile's Q has landed
-    cutlass::arch::ClusterBarrier barrier_q_free;        // Q's buffer may take the next Q
-    int tile;  // this tile's index, or -1: no tile left (written before barrier_q's arrive)
+    // Per Q buffer: its tile's Q has landed; the buffer may take the next Q; its tile's index,
+    // or -1: no tile left (written before barrier_q's arrive).
+    cutlass::arch::ClusterTransactionBarrier barrier_q[kQBuffers];
+    cutlass::arch::ClusterBarrier barrier_q_free[kQBuffers];
+    int tile[kQBuffers];
   };
   // O gets its own staging buffer where shared memory holds one (Note [Hopper forward
   // pipeline]).
   static constexpr bool kSeparateO =
-      kPersistent && sizeof(Buffer) * 2 + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 +
+      kPersistent && sizeof(Buffer) * (kQBuffers + 1) + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 +
                         sizeof(Barriers) + 1024 <=
                     kMaxSmemBytes;
   struct NoBuffer {};
   struct SharedStorage {
-    alignas(1024) Buffer q;  // also O's staging without kSeparateO
+    alignas(1024) Buffer q[kQBuffers];  // the first also O's staging without kSeparateO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(1024) std::conditional_t<kSeparateO, Buffer, NoBuffer> o;
@@ -204,11 +215,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
                  Stride<Stride<_1, Int<64 * kHeadDim>>, _64>>{})),
       SmemLayoutQ>;
   static_assert(kSmemBytes <= kMaxSmemBytes, "the tile fits an sm90 block");
+  static_assert(!kPrefetchQ || kSeparateO, "a second Q buffer leaves O a buffer of its own");
   static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
     if constexpr (kSeparateO) {
       return storage.o.data();
     } else {
-      return storage.q.data();
+      return storage.q[0].data();
     }
   }
 
@@ -253,15 +265,20 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     }
   };
 
-  // `before_q` runs once the tile's first K load is issued, before Q's (it waits until Q's
-  // buffer is free and publishes the tile's index).
-  template <class BeforeQ>
+  // `issue_q` runs once the K load of key tile `q_at` is issued (the tile's first, n_end - 1,
+  // without kPrefetchQ), at once for a tile without a visible key: it issues a Q (this tile's,
+  // or with kPrefetchQ the next one's).
+  template <class IssueQ>
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, const Work& w, PipelineState& write,
-                              BeforeQ&& before_q);
+                              int q_at, IssueQ&& issue_q);
+  // w's Q into buffer b, on its barrier (a plain arrive for a tile without a visible key).
+  static __device__ void load_q(const Params& params, SharedStorage& storage, const Work& w,
+                                int b);
+  // One tile, its Q in buffer b.
   static __device__ void consume(const Params& params, SharedStorage& storage,
                                  Pipeline& pipeline_k, Pipeline& pipeline_v, const Work& w,
-                                 PipelineState& read_k, PipelineState& read_v);
+                                 int b, PipelineState& read_k, PipelineState& read_v);
   template <class TensorO, class TensorLse>
   static __device__ void epilogue(const Params& params, SharedStorage& storage, const Work& w,
                                   TensorO& o, TensorLse& lse);
@@ -284,8 +301,10 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     Pipeline pipeline_k(bars.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
     Pipeline pipeline_v(bars.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     if (threadIdx.x == 0) {
-      bars.barrier_q.init(1);
-      bars.barrier_q_free.init(kConsumerThreads);
+      for (int b = 0; b < kQBuffers; ++b) {
+        bars.barrier_q[b].init(1);
+        bars.barrier_q_free[b].init(kConsumerThreads);
+      }
       cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
@@ -297,13 +316,14 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         cutlass::arch::warpgroup_reg_dealloc<Registers::kProducerRegs>();
         if (threadIdx.x == 0) {
           PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-          load(params, storage, pipeline_k, pipeline_v, w, write, [] {});
+          load(params, storage, pipeline_k, pipeline_v, w, write, w.n_end - 1,
+               [&] { load_q(params, storage, w, 0); });
         }
       } else {
         cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
         PipelineState read_k, read_v;
-        bars.barrier_q.wait(0);
-        consume(params, storage, pipeline_k, pipeline_v, w, read_k, read_v);
+        bars.barrier_q[0].wait(0);
+        consume(params, storage, pipeline_k, pipeline_v, w, 0, read_k, read_v);
       }
       return;
     }
@@ -315,39 +335,63 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
       PipelineState write = cutlass::make_producer_start_state<Pipeline>();
       auto next_tile = [&] { return atomicAdd(params.tile_counter, 1) + int(gridDim.x); };
-      int taken = 0;  // tiles this block has loaded
-      int t = blockIdx.x;
-      while (true) {
-        for (; t < params.total_tiles; t = next_tile()) {  // skips tiles past a sequence
+      // The first tile from t on that does not lie past its packed sequence, or -1.
+      auto claim = [&](int t) {
+        for (; t < params.total_tiles; t = next_tile()) {
           const Work w(params, t);
-          if (w.m_block * kBlockM < w.sq.extent) break;
+          if (w.m_block * kBlockM < w.sq.extent) return t;
         }
-        // The consumers have read the previous index and are done with Q's buffer.
-        auto wait_q_free = [&] {
-          if (taken > 0) bars.barrier_q_free.wait((taken - 1) & 1);
-          bars.tile = t;
-        };
-        if (t >= params.total_tiles) {
-          t = -1;
-          wait_q_free();
-          bars.barrier_q.arrive();
-          break;
+        return -1;
+      };
+      int issued = 0;  // tiles (and the end mark) whose Q this block has issued
+      // Tile t (or the end mark, -1) into the next Q buffer, once the consumers are done with
+      // that buffer: its index, then its Q.
+      auto issue_q = [&](int t) {
+        const int b = issued % kQBuffers;
+        if (issued >= kQBuffers) {
+          bars.barrier_q_free[b].wait(((issued - kQBuffers) / kQBuffers) & 1);
         }
-        load(params, storage, pipeline_k, pipeline_v, Work(params, t), write, wait_q_free);
-        ++taken;
-        // Claimed only now, while the consumers still work through the stages in flight: a
-        // tile claimed before this one's loads would be bound to this block a whole tile early,
-        // which unbalances the end of a causal schedule.
-        t = next_tile();
+        bars.tile[b] = t;
+        if (t < 0) {
+          bars.barrier_q[b].arrive();
+        } else {
+          load_q(params, storage, Work(params, t), b);
+        }
+        ++issued;
+      };
+      int t = claim(blockIdx.x);
+      if constexpr (kPrefetchQ) issue_q(t);
+      while (t >= 0) {
+        const Work w(params, t);
+        int next = -1;
+        if constexpr (kPrefetchQ) {
+          load(params, storage, pipeline_k, pipeline_v, w, write,
+               min(w.n_end - 1, w.n_begin + Config::kPrefetchQLead), [&] {
+                 next = claim(next_tile());
+                 issue_q(next);
+               });
+        } else {
+          load(params, storage, pipeline_k, pipeline_v, w, write, w.n_end - 1,
+               [&] { issue_q(t); });
+          // Claimed only now, while the consumers still work through the stages in flight: a
+          // tile claimed before this one's loads would be bound to this block a whole tile
+          // early, which unbalances the end of a causal schedule.
+          next = claim(next_tile());
+        }
+        t = next;
       }
+      if constexpr (!kPrefetchQ) issue_q(-1);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
       PipelineState read_k, read_v;
       for (int taken = 0;; ++taken) {
-        bars.barrier_q.wait(taken & 1);
-        const int t = *static_cast<volatile int*>(&bars.tile);
+        // The same in every lane, through a shuffle: Q's descriptors derive from it (see wg in
+        // consume()).
+        const int b = kQBuffers == 1 ? 0 : __shfl_sync(0xffffffff, taken % kQBuffers, 0);
+        bars.barrier_q[b].wait((taken / kQBuffers) & 1);
+        const int t = *static_cast<volatile int*>(&bars.tile[b]);
         if (t < 0) break;
-        consume(params, storage, pipeline_k, pipeline_v, Work(params, t), read_k, read_v);
+        consume(params, storage, pipeline_k, pipeline_v, Work(params, t), b, read_k, read_v);
       }
       // Shared memory must outlive the TMA stores that read it.
       if (threadIdx.x % 128 == 0) tma_store_wait<0>();
@@ -379,40 +423,30 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TensorA& a, const Tens
 }
 
 template <class ElementTag, int kHeadDim, class Config>
-template <class BeforeQ>
+template <class IssueQ>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& params,
                                                               SharedStorage& storage,
                                                               Pipeline& pipeline_k,
                                                               Pipeline& pipeline_v,
                                                               const Work& w,
-                                                              PipelineState& write,
-                                                              BeforeQ&& before_q) {
-  Barriers& bars = storage.barriers;
+                                                              PipelineState& write, int q_at,
+                                                              IssueQ&& issue_q) {
   if (w.n_begin >= w.n_end) {  // no key to see: the consumers write zeros
-    before_q();
-    bars.barrier_q.arrive();
+    issue_q();
     return;
   }
   const FwdParams& p = params.problem;
-  const bool varlen_q = p.seq_q.cu_seqlens != nullptr;
   const bool varlen_k = p.seq_k.cu_seqlens != nullptr;
-  Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
-  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);
+  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);  // (rows, d, heads, batch)
   Tensor mV = params.tma_v.get_tma_tensor(params.shape_k);
-  Tensor gQ = local_tile(domain_offset(make_coord(w.sq.offset, _0{}),
-                                       mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
-                         select<0, 2>(TileShapeQK{}), make_coord(w.m_block, _0{}));  // (M, D)
   Tensor gK = local_tile(domain_offset(make_coord(w.sk.offset, _0{}),
                                        mK(_, _, w.head_kv, varlen_k ? 0 : w.batch)),
                          select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
   Tensor gV = local_tile(domain_offset(make_coord(w.sk.offset, _0{}),
                                        mV(_, _, w.head_kv, varlen_k ? 0 : w.batch)),
                          select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});   // (M, D)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});  // (N, D, stage)
-  auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                    group_modes<0, 2>(gQ));
   auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                     group_modes<0, 2>(gK));
   auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -426,11 +460,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
     pipeline_k.producer_acquire(write);
     copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n),
          tKsK(_, write.index()));
-    if (n == w.n_end - 1) {
-      before_q();
-      bars.barrier_q.arrive_and_expect_tx(kQBytes);
-      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(bars.barrier_q), 0), tQgQ, tQsQ);
-    }
+    if (n == q_at) issue_q();
     pipeline_v.producer_acquire(write);
     copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n),
          tVsV(_, write.index()));
@@ -439,14 +469,36 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
 }
 
 template <class ElementTag, int kHeadDim, class Config>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::load_q(const Params& params,
+                                                                SharedStorage& storage,
+                                                                const Work& w, int b) {
+  auto& barrier = storage.barriers.barrier_q[b];
+  if (w.n_begin >= w.n_end) {
+    barrier.arrive();
+    return;
+  }
+  const bool varlen_q = params.problem.seq_q.cu_seqlens != nullptr;
+  Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
+  Tensor gQ = local_tile(domain_offset(make_coord(w.sq.offset, _0{}),
+                                       mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
+                         select<0, 2>(TileShapeQK{}), make_coord(w.m_block, _0{}));  // (M, D)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q[b].data()), SmemLayoutQ{});  // (M, D)
+  auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(gQ));
+  barrier.arrive_and_expect_tx(kQBytes);
+  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(barrier), 0), tQgQ, tQsQ);
+}
+
+template <class ElementTag, int kHeadDim, class Config>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& params,
                                                                  SharedStorage& storage,
                                                                  Pipeline& pipeline_k,
                                                                  Pipeline& pipeline_v,
-                                                                 const Work& w,
+                                                                 const Work& w, int b,
                                                                  PipelineState& read_k,
                                                                  PipelineState& read_v) {
   const FwdParams& p = params.problem;
+  auto& q_free = storage.barriers.barrier_q_free[b];  // arrived on once Q's buffer is read
   const int tid = threadIdx.x - 128;  // among the consumers
   const int m0 = w.m_block * kBlockM;
   // This thread's warp group, through a shuffle from lane 0 so that ptxas sees it is the same in
@@ -466,7 +518,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       make_layout(make_shape(Int<kConsumerWarpGroups>{}), make_stride(_128{}));
   auto wg_qk = mma_qk.get_slice(wg_first_thread(wg));
   auto wg_pv = mma_pv.get_slice(wg_first_thread(wg));
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), SmemLayoutQ{});   // (M, D)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q[b].data()), SmemLayoutQ{});  // (M, D)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutVt{});  // (D, N, stage)
   Tensor tSrQ = wg_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
@@ -646,7 +698,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       }
       // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
       // last P V and the epilogue run (unless it stages O).
-      if constexpr (kSeparateO) storage.barriers.barrier_q_free.arrive();
+      if constexpr (kSeparateO) q_free.arrive();
       if constexpr (kRescaleUnderS) softmax.rescale(O);
       wait_v();
       turn_begin();
@@ -657,17 +709,17 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       pipeline_v.consumer_release(read_v);
       ++read_v;
     } else if constexpr (kSeparateO) {
-      storage.barriers.barrier_q_free.arrive();
+      q_free.arrive();
     }
     for (int n = wg_begin - 1; n >= w.n_begin; --n) skip();
   } else if constexpr (kSeparateO) {
-    storage.barriers.barrier_q_free.arrive();
+    q_free.arrive();
   }
 
   float lse[kRows];
   softmax.finish(O, p.softmax_scale, lse);
   epilogue(params, storage, w, tOrO, lse);
-  if constexpr (kPersistent && !kSeparateO) storage.barriers.barrier_q_free.arrive();
+  if constexpr (kPersistent && !kSeparateO) q_free.arrive();
 }
 
 template <class ElementTag, int kHeadDim, class Config>

@@ -38,6 +38,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // head dims 64 (+6% at seqlen 16k, -2% at 512, NOTES entry 54), 128 (+1.5% at 16k, -2% at
 // non-causal 512, entry 57) and 256 (0 to +0.6%, entry 57); at 128 and 256 it had lost up to
 // 4.5% before entry 56's uniform descriptors.  96 and 192 untimed.
+// kPrefetchQ: Q in two buffers, the next tile's claimed and its Q issued while the producer
+// loads this tile's last kPrefetchQLead + 1 key tiles (Note [Hopper forward pipeline]); needs
+// kPersistent and room for O's own buffer.  On at head dims 64, 96 and 128: +8-9% at seqlen
+// 512, +1-4% at 1k-2k, 0 at 16k at 128 but -3 to -5% at 16k at 64 (NOTES entry 60); 96 untimed
+// (it shares 128's shape).  A lead of 4 key tiles ran within 1-2% of 1.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -51,6 +56,8 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPerWarpGroupKeys = true;
   static constexpr bool kRescaleUnderS = true;
   static constexpr bool kMaskFreeLoop = true;
+  static constexpr bool kPrefetchQ = true;
+  static constexpr int kPrefetchQLead = 1;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -59,6 +66,8 @@ template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + 
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
+  static constexpr bool kPrefetchQ = true;
+  static constexpr int kPrefetchQLead = 1;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -67,6 +76,8 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = true;
+  static constexpr bool kPrefetchQ = true;
+  static constexpr int kPrefetchQLead = 1;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -75,6 +86,8 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = false;
   static constexpr bool kMaskFreeLoop = false;
+  static constexpr bool kPrefetchQ = false;
+  static constexpr int kPrefetchQLead = 1;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -83,6 +96,8 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = true;
   static constexpr bool kMaskFreeLoop = true;
+  static constexpr bool kPrefetchQ = false;
+  static constexpr int kPrefetchQLead = 1;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
