@@ -194,9 +194,10 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   // O gets its own staging buffer where shared memory holds one (Note [Hopper forward
   // pipeline]).
   static constexpr bool kSeparateO =
-      kPersistent && sizeof(Buffer) * (kQBuffers + 1) + sizeof(Element) * cosize_v<SmemLayoutKV> * 2 +
-                        sizeof(Barriers) + 1024 <=
-                    kMaxSmemBytes;
+      kPersistent && sizeof(Buffer) * (kQBuffers + 1) +
+                             sizeof(Element) * cosize_v<SmemLayoutKV> * 2 + sizeof(Barriers) +
+                             1024 <=
+                         kMaxSmemBytes;
   struct NoBuffer {};
   struct SharedStorage {
     alignas(1024) Buffer q[kQBuffers];  // the first also O's staging without kSeparateO

@@ -41,8 +41,8 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // kPrefetchQ: Q in two buffers, the next tile's claimed and its Q issued while the producer
 // loads this tile's last kPrefetchQLead + 1 key tiles (Note [Hopper forward pipeline]); needs
 // kPersistent and room for O's own buffer.  On at head dims 64, 96 and 128: +8-9% at seqlen
-// 512, +1-4% at 1k-2k, 0 at 16k at 128 but -3 to -5% at 16k at 64 (NOTES entry 60); 96 untimed
-// (it shares 128's shape).  A lead of 4 key tiles ran within 1-2% of 1.
+// 512, -1.5 to +4% at 1k-2k, 0 at 16k at 128 but -3 to -5% at 16k at 64 (NOTES entry 60); 96
+// untimed (it shares 128's shape).  A lead of 4 key tiles ran 0-3% below a lead of 1.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
