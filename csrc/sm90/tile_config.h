@@ -41,16 +41,20 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // kPrefetchQ: Q in two buffers, the next tile's claimed and its Q issued while the producer
 // loads this tile's last kPrefetchQLead + 1 key tiles (Note [Hopper forward pipeline]); needs
 // kPersistent and room for O's own buffer.  On at head dims 64, 96 and 128: +8-9% at seqlen
-// 512, -1.5 to +4% at 1k-2k, 0 at 16k at 128 but -3 to -5% at 16k at 64 (NOTES entry 60); 96
-// untimed (it shares 128's shape).  A lead of 4 key tiles ran 0-3% below a lead of 1.
+// 512, -1.5 to +4% at 1k-2k, 0 at 16k at 128 but -3 to -5% at 16k at 64 (NOTES entry 60), of
+// which the producer's key loop split around the Q issue won back 1-1.5%, and 1-5% at 512-2k
+// at 64 (entry 62); 96 untimed (it shares 128's shape).  A lead of 4 key tiles ran 0-3% below a
+// lead of 1.
+// kStages 3 at head dim 64 (168 KB of shared memory with the second Q buffer and O's own):
+// +1-1.6% at causal 1k-16k over 2 stages, within 0.3% non-causal (NOTES entry 62).
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
 // registers, and it ran every wgmma one at a time (C7512); the 2 x 240 shape ran 13-24% faster
 // at every point timed (NOTES entry 55).
 template <int kHeadDim> struct FwdTileConfig;
-template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 registers; 89 KB
-  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
+template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 registers; 168 KB
+  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 3;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = true;
