@@ -56,6 +56,15 @@ def calls():
                                                        causal=True)
     yield "backward", lambda: torch.autograd.grad(flash_attn_func(q, k, v, causal=True).sum(),
                                                   (q, k, v))
+    # Head dim 256 over many tiles per block: the Hopper kernel stages O in V's stages there.
+    if 256 in dims:
+        q256 = torch.randn(40, 129, 4, 256, device="cuda", dtype=dt)
+        k256 = torch.randn(40, 129, 2, 256, device="cuda", dtype=dt)
+        yield "hdim 256 many tiles", lambda: flash_attn_func(q256, k256, k256, causal=True)
+        qp = torch.randn(sum(lens_q), 8, 256, device="cuda", dtype=dt)
+        kp = torch.randn(sum(lens_k), 2, 256, device="cuda", dtype=dt)
+        yield "hdim 256 varlen many tiles", lambda: flash_attn_varlen_func(
+            qp, kp, kp, cu_q, cu_k, 700, 700, causal=True)
 
 
 def kvcache_calls(dt, d):

@@ -19,9 +19,16 @@
 // - Q arrives on barrier_q, one phase per tile (a tile with no visible key gets a plain arrive:
 //   the consumers wait on every tile, which keeps them at most one tile ahead of the producer).
 //   The producer loads the next Q only after barrier_q_free says every consumer is done with
-//   Q's buffer: after its last S = Q K^T where O has a staging buffer of its own (kSeparateO),
-//   so that the next Q lands under the last P V and the epilogue; after the epilogue where O is
-//   staged in Q's buffer (head dims 192 and 256, whose shared memory holds no second buffer).
+//   Q's buffer: after its last S = Q K^T where O is staged outside it (its own buffer,
+//   kSeparateO, or V's stages, kOInV), so that the next Q lands under the last P V and the
+//   epilogue; after the epilogue where O is staged in Q's buffer (one block per tile).
+// - kOInV (persistent head dim 256, whose shared memory holds no second buffer): O is staged in
+//   V's stages once every consumer warp group's last P V has read them (a barrier of all
+//   consumers), and each warp group's leader arrives on barrier_o_read once its O has left
+//   them (its TMA store has read the slab, or its copy-out is done and all consumers synced).
+//   The producer waits for that phase before the next tile's first V (the next Q and first K
+//   go first), and for a tile without a visible key before its Q, so that the consumers never
+//   run two epilogues ahead of its wait.
 //   The tile's first K is issued before that wait: its stage is free as soon as this tile's
 //   last S has read it (NOTES entry 50: +3-11% at seqlen 512-2k).
 // - With kPrefetchQ, Q has two buffers, each with its barriers and tile index (the block's i-th
@@ -57,10 +64,11 @@
 //   (the next packed sequence, an unused cache slot): their P is exactly 0, but 0 * NaN is NaN,
 //   so the consumers zero those rows of the stage once per tile, before its first P V wgmma
 //   (rows past the tensor arrive as TMA's zeros: a dense K without seqused needs none).
-// - The epilogue stages O by stmatrix (in its own buffer, or in Q's: each warp group only ever
-//   read its own 64 rows of Q).  From its own buffer, a dense O leaves by one TMA store per warp
-//   group, which the consumers do not wait for: the store's issuer waits for it to have read
-//   the buffer only before the next tile's O is staged there, and before the block ends.
+// - The epilogue stages O by stmatrix (in its own buffer, in V's stages, or in Q's: each warp
+//   group only ever read its own 64 rows of Q).  From its own buffer or V's stages, a dense O
+//   leaves by one TMA store per warp group; from its own buffer the consumers do not wait for
+//   it: the store's issuer waits for it to have read the buffer only before the next tile's O
+//   is staged there, and before the block ends (from V's stages, at once: the next V waits).
 //   Otherwise (packed sequences, whose tile would run into the next one; O in Q's buffer) the
 //   warp group copies it out in 16-byte stores.  Rows past the sequence and head-dim padding
 //   stay unwritten either way.
@@ -112,6 +120,7 @@ enum class FwdBarrier : uint32_t {
   kVTail = 0,       // all consumers: the zeroed rows of the first V tile are written
   kEpilogue0 = 1,   // + warp group (3 at most): its rows of O are staged in shared memory
   kSchedule0 = 4,   // + warp group: its turn to issue GEMMs (kPingPong; else a tile's first S)
+  kVRead = 7,       // all consumers: every P V of the tile has read V (kOInV: O may be staged)
 };
 
 template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
@@ -190,6 +199,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     cutlass::arch::ClusterTransactionBarrier barrier_q[kQBuffers];
     cutlass::arch::ClusterBarrier barrier_q_free[kQBuffers];
     int tile[kQBuffers];
+    // kOInV: every consumer warp group's O has left V's stages (one arrive per warp group).
+    cutlass::arch::ClusterBarrier barrier_o_read;
   };
   // O gets its own staging buffer where shared memory holds one (Note [Hopper forward
   // pipeline]).
@@ -198,6 +209,13 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
                              sizeof(Element) * cosize_v<SmemLayoutKV> * 2 + sizeof(Barriers) +
                              1024 <=
                          kMaxSmemBytes;
+  // Otherwise a persistent kernel stages O in V's stages, which hold it (head dims 192, 256):
+  // Q's buffer is then free after the tile's last S, as with kSeparateO, and the producer loads
+  // the next tile's first V only once the epilogue has read O out of them.
+  static constexpr bool kOInV =
+      kPersistent && !kSeparateO && cosize_v<SmemLayoutQ> <= cosize_v<SmemLayoutKV>;
+  // O is staged in slabs of its own (not in Q's buffer), and Q's buffer is free after the last S.
+  static constexpr bool kOSlabs = kSeparateO || kOInV;
   struct NoBuffer {};
   struct SharedStorage {
     alignas(1024) Buffer q[kQBuffers];  // the first also O's staging without kSeparateO
@@ -209,7 +227,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   // (M, D) over the slabs: row m is row m % 64 of slab m / 64.
   using SmemLayoutO = std::conditional_t<
-      kSeparateO,
+      kOSlabs,
       decltype(composition(
           tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>, Int<kConsumerWarpGroups>>{}),
           Layout<Shape<Shape<_64, Int<kConsumerWarpGroups>>, Int<kHeadDim>>,
@@ -217,9 +235,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       SmemLayoutQ>;
   static_assert(kSmemBytes <= kMaxSmemBytes, "the tile fits an sm90 block");
   static_assert(!kPrefetchQ || kSeparateO, "a second Q buffer leaves O a buffer of its own");
+  static_assert(!(kOInV && kPrefetchQ), "kOInV's wait sits before the tile's first V");
   static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
     if constexpr (kSeparateO) {
       return storage.o.data();
+    } else if constexpr (kOInV) {
+      return storage.v.data();
     } else {
       return storage.q[0].data();
     }
@@ -268,11 +289,14 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
 
   // `issue_q` runs once the K load of key tile `q_at` is issued (the tile's first, n_end - 1,
   // without kPrefetchQ), at once for a tile without a visible key: it issues a Q (this tile's,
-  // or with kPrefetchQ the next one's).
-  template <class IssueQ>
+  // or with kPrefetchQ the next one's).  `before_v` runs between it and that key tile's V load,
+  // and for a tile without a visible key before `issue_q` (kOInV: the wait for the previous
+  // tile's O to leave V's stages; before this tile's Q, the consumers, which need no stage for
+  // such a tile, cannot run one epilogue ahead of it).
+  template <class IssueQ, class BeforeV>
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, const Work& w, PipelineState& write,
-                              int q_at, IssueQ&& issue_q);
+                              int q_at, IssueQ&& issue_q, BeforeV&& before_v);
   // w's Q into buffer b, on its barrier (a plain arrive for a tile without a visible key).
   static __device__ void load_q(const Params& params, SharedStorage& storage, const Work& w,
                                 int b);
@@ -306,6 +330,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         bars.barrier_q[b].init(1);
         bars.barrier_q_free[b].init(kConsumerThreads);
       }
+      if constexpr (kOInV) bars.barrier_o_read.init(kConsumerWarpGroups);
       cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
@@ -318,7 +343,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         if (threadIdx.x == 0) {
           PipelineState write = cutlass::make_producer_start_state<Pipeline>();
           load(params, storage, pipeline_k, pipeline_v, w, write, w.n_end - 1,
-               [&] { load_q(params, storage, w, 0); });
+               [&] { load_q(params, storage, w, 0); }, [] {});
         }
       } else {
         cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
@@ -361,6 +386,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         ++issued;
       };
       int t = claim(blockIdx.x);
+      int loaded = 0;  // tiles whose loads this block has issued
       if constexpr (kPrefetchQ) issue_q(t);
       while (t >= 0) {
         const Work w(params, t);
@@ -370,10 +396,18 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
                min(w.n_end - 1, w.n_begin + Config::kPrefetchQLead), [&] {
                  next = claim(next_tile());
                  issue_q(next);
-               });
+               }, [] {});
         } else {
+          // kOInV: the previous tile's O has left V's stages (barrier_o_read's phase i is the
+          // block's i-th tile).
+          auto o_read = [&] {
+            if constexpr (kOInV) {
+              if (loaded > 0) bars.barrier_o_read.wait((loaded - 1) & 1);
+            }
+          };
           load(params, storage, pipeline_k, pipeline_v, w, write, w.n_end - 1,
-               [&] { issue_q(t); });
+               [&] { issue_q(t); }, o_read);
+          ++loaded;
           // Claimed only now, while the consumers still work through the stages in flight: a
           // tile claimed before this one's loads would be bound to this block a whole tile
           // early, which unbalances the end of a causal schedule.
@@ -424,15 +458,12 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TensorA& a, const Tens
 }
 
 template <class ElementTag, int kHeadDim, class Config>
-template <class IssueQ>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& params,
-                                                              SharedStorage& storage,
-                                                              Pipeline& pipeline_k,
-                                                              Pipeline& pipeline_v,
-                                                              const Work& w,
-                                                              PipelineState& write, int q_at,
-                                                              IssueQ&& issue_q) {
+template <class IssueQ, class BeforeV>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(
+    const Params& params, SharedStorage& storage, Pipeline& pipeline_k, Pipeline& pipeline_v,
+    const Work& w, PipelineState& write, int q_at, IssueQ&& issue_q, BeforeV&& before_v) {
   if (w.n_begin >= w.n_end) {  // no key to see: the consumers write zeros
+    before_v();
     issue_q();
     return;
   }
@@ -486,6 +517,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(const Params& para
   }
   load_k(n);
   issue_q();
+  before_v();
   load_v(n);
 #pragma unroll 1
   for (--n; n >= w.n_begin; --n) {
@@ -724,7 +756,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       }
       // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
       // last P V and the epilogue run (unless it stages O).
-      if constexpr (kSeparateO) q_free.arrive();
+      if constexpr (kOSlabs) q_free.arrive();
       if constexpr (kRescaleUnderS) softmax.rescale(O);
       wait_v();
       turn_begin();
@@ -734,18 +766,18 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;
-    } else if constexpr (kSeparateO) {
+    } else if constexpr (kOSlabs) {
       q_free.arrive();
     }
     for (int n = wg_begin - 1; n >= w.n_begin; --n) skip();
-  } else if constexpr (kSeparateO) {
+  } else if constexpr (kOSlabs) {
     q_free.arrive();
   }
 
   float lse[kRows];
   softmax.finish(O, p.softmax_scale, lse);
   epilogue(params, storage, w, tOrO, lse);
-  if constexpr (kPersistent && !kSeparateO) q_free.arrive();
+  if constexpr (kPersistent && !kOSlabs) q_free.arrive();
 }
 
 template <class ElementTag, int kHeadDim, class Config>
@@ -784,12 +816,23 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
     if (leader) tma_store_wait<0>();
     cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
   }
+  // In V's stages, O waits for every warp group's last P V (the previous tile's O had left
+  // them before this tile's first V could load).
+  if constexpr (kOInV) {
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
+  }
+  // kOInV: the warp group's O has left V's stages; the producer may load the next tile's V.
+  auto o_read = [&] {
+    if constexpr (kOInV) {
+      if (leader) storage.barriers.barrier_o_read.arrive();
+    }
+  };
   auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
   auto thr_copy_o = copy_o.get_thread_slice(tid);
   Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);
   Tensor tOsCopy = thr_copy_o.partition_D(sO);
   copy(copy_o, tOrCopy, tOsCopy);
-  if constexpr (kSeparateO) {
+  if constexpr (kOSlabs) {
     if (params.tma_store_o) {
       // The stmatrix writes (generic proxy) must be seen by the TMA store (async proxy).
       cutlass::arch::fence_view_async_shared();
@@ -806,7 +849,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
                                           group_modes<0, 2>(sOSlab), group_modes<0, 2>(gO));
         copy(params.tma_o, tOsO, tOgO);
         tma_store_arrive();
+        if constexpr (kOInV) tma_store_wait<0>();  // the store has read the slab
       }
+      o_read();
       return;
     }
   }
@@ -824,6 +869,13 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
       *reinterpret_cast<uint4*>(o + int64_t(row) * p.o.row_stride + col) =
           *reinterpret_cast<const uint4*>(&sO(row, col));
     }
+  }
+  if constexpr (kOInV) {
+    // The reads (generic proxy) come before the next V's TMA writes (async proxy), and, through
+    // a barrier of all consumers, before the next tile's zeroing of V rows (generic writes).
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
+    o_read();
   }
 }
 

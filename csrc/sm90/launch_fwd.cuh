@@ -76,7 +76,7 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
   // O leaves by TMA where its rows are the tensor's (not packed sequences, whose tile would
   // run into the next sequence) and TMA can address it; otherwise the descriptor sits, unused,
   // on Q's memory.
-  const bool tma_store_o = Kernel::kSeparateO && p.seq_q.cu_seqlens == nullptr &&
+  const bool tma_store_o = Kernel::kOSlabs && p.seq_q.cu_seqlens == nullptr &&
                            tma_addressable<Element>(p.o);
   auto mO = make_tensor(make_gmem_ptr(static_cast<Element*>(tma_store_o ? p.o.ptr : p.q.ptr)),
                         mQ.shape(),

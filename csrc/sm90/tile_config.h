@@ -18,10 +18,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // and at 128 again, with uniform descriptors, 2-4% at 2k-16k (entry 57).
 // kPersistent: one block per SM takes tiles in turn from a tile counter (Note [Hopper forward
 // pipeline]), which hides each tile's set-up and epilogue under the next tile's loads; otherwise
-// one block per tile.  Off at head dims 192 and 256: there O is staged in Q's buffer, so the next
-// Q cannot load before the epilogue ends, and the tile loop's registers cost the GEMM loop
-// spills; timed at 256, persistent or not, that code ran 2-9% below the one-tile kernel (NOTES
-// entry 47).
+// one block per tile.  At head dims 192 and 256 shared memory holds no buffer for O beside Q's:
+// persistent, O is staged in V's stages (kOInV).  On at 256: +0.6-5.9% at seqlen 512-4k (most
+// under a causal mask), 0 at 16k (NOTES entry 63); before, with O staged in Q's buffer so that
+// the next Q waited for the epilogue, persistent ran 2-9% below one block per tile (entries 47,
+// 58).  Off at 192 (untimed).
 // kPerWarpGroupKeys: each consumer warp group visits only the key tiles its own rows see (Note
 // [Hopper forward pipeline]).  On at head dim 64, whose 192-row tiles hold warp groups that
 // see a quarter fewer key tiles under a causal mask at seqlen 512-1k (+19% there, +11% at 2k,
@@ -96,7 +97,7 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kPingPong = false;
-  static constexpr bool kPersistent = false;
+  static constexpr bool kPersistent = true;
   static constexpr bool kPerWarpGroupKeys = false;
   static constexpr bool kRescaleUnderS = true;
   static constexpr bool kMaskFreeLoop = true;
