@@ -16,9 +16,11 @@
 // group's heads must divide the head count, and what they read (forward: K and V; backward: Q,
 // dO and the dQ accumulator; counted per query head, so a GQA group is overestimated) must fit
 // a third of L2.  Measured (benchmarks/NOTES.md entry 35): causal forward +5% at seqlen 8k-16k,
-// backward +2-6% at 1k-8k.  Groups of more than 2 heads lost up to 2.6% in the forward at
-// short sequences, so the forward takes at most 2, the backward up to 8.  Without a mask the
-// order is launch order: heads one after the other.
+// backward +2-6% at 1k-8k.  Groups of more than 2 heads lost up to 2.6% in the portable
+// forward at short sequences, so it takes at most 2, the backward up to 8.  The Hopper forward,
+// whose persistent blocks take their tiles from a counter, takes up to 32 on dense queries
+// (entry 64: +3-8% at 1k-4k under a causal mask).  Without a mask the order is launch order:
+// heads one after the other.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -103,12 +103,19 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
       /*total_tiles=*/0,
       /*tile_counter=*/static_cast<int*>(workspace)};
 
-  // The tiles of a (batch, head) read its K and V; at most 2 heads per group (Note [Block
-  // order]).  Blocks take them in that order: one per tile, or (kPersistent) one per SM, each
-  // taking its next tile from the counter in the workspace (zeroed here, on the stream).
+  // The tiles of a (batch, head) read its K and V (Note [Block order]).  Blocks take them in
+  // that order: one per tile, or (kPersistent) one per SM, each taking its next tile from the
+  // counter in the workspace (zeroed here, on the stream).  Persistent on dense queries, a
+  // group takes up to 32 heads, as many as L2's budget holds: under a causal mask the heaviest
+  // tiles of many heads then go first, and the end is left to light ones (benchmarks/NOTES.md
+  // entry 64: +3% at seqlen 1k-4k, +7-8% at head dim 256 causal 2k-4k).  Packed sequences keep
+  // groups of 2 heads: there the producer steps one by one over the tiles past each sequence,
+  // and longer runs of them lost 7% on a mixed batch.  One block per tile keeps 2 too (the
+  // hardware hands out the blocks; bigger groups lost there on the portable family).
+  const bool wide_groups = Kernel::kPersistent && p.seq_q.cu_seqlens == nullptr;
   const BlockOrder order(m_tiles, p.heads_q, p.batch, p.masked(),
                          2 * int64_t(p.seq_k.seqlen) * p.head_dim * int64_t(sizeof(Element)),
-                         /*max_shift=*/1);
+                         /*max_shift=*/wide_groups ? 5 : 1);
   params.problem.block_shift = order.shift;
   const int64_t total = int64_t(order.grid.x) * order.grid.y * order.grid.z;
   if (total >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
