@@ -109,9 +109,9 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
   // group takes up to 32 heads, as many as L2's budget holds: under a causal mask the heaviest
   // tiles of many heads then go first, and the end is left to light ones (benchmarks/NOTES.md
   // entry 64: +3% at seqlen 1k-4k, +7-8% at head dim 256 causal 2k-4k).  Packed sequences keep
-  // groups of 2 heads: there the producer steps one by one over the tiles past each sequence,
-  // and longer runs of them lost 7% on a mixed batch.  One block per tile keeps 2 too (the
-  // hardware hands out the blocks; bigger groups lost there on the portable family).
+  // groups of 2 heads (a mixed batch timed alone ran within 1% either way), and so does one
+  // block per tile (the hardware hands out the blocks; bigger groups lost there on the portable
+  // family).
   const bool wide_groups = Kernel::kPersistent && p.seq_q.cu_seqlens == nullptr;
   const BlockOrder order(m_tiles, p.heads_q, p.batch, p.masked(),
                          2 * int64_t(p.seq_k.seqlen) * p.head_dim * int64_t(sizeof(Element)),
