@@ -400,13 +400,13 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         } else {
           // kOInV: the previous tile's O has left V's stages (barrier_o_read's phase i is the
           // block's i-th tile).
-          auto o_read = [&] {
+          auto wait_o_read = [&] {
             if constexpr (kOInV) {
               if (loaded > 0) bars.barrier_o_read.wait((loaded - 1) & 1);
             }
           };
           load(params, storage, pipeline_k, pipeline_v, w, write, w.n_end - 1,
-               [&] { issue_q(t); }, o_read);
+               [&] { issue_q(t); }, wait_o_read);
           ++loaded;
           // Claimed only now, while the consumers still work through the stages in flight: a
           // tile claimed before this one's loads would be bound to this block a whole tile
