@@ -126,7 +126,11 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
   if constexpr (Kernel::kPersistent) {
     int sms = 0;
     cudaError_t err = sm_count(&sms);
-    if (err == cudaSuccess) err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+    // The producers draw tile indices up to total + sms - 1 (each block once past the last
+    // tile): all of them must fit an int.
+    if (total + sms >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+    err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
     if (err != cudaSuccess) return err;
     grid = dim3(unsigned(std::min<int64_t>(total, sms)));
   }
