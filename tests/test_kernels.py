@@ -144,9 +144,8 @@ def test_gqa_long(ratio, causal, seqlens):
 @pytest.mark.parametrize("window,causal", [((-1, -1), True), ((64, 0), False), ((-1, 3), True)])
 def test_dense_wide_head_groups(d, window, causal):
     """Under a mask the persistent forward orders the tiles of up to 32 heads together (Note
-    [Block order]): 8 heads (GQA 4:1), 4 sequences of 777 rows, more tiles than an H200 has SMs,
-    so that blocks draw the tiles of a wide group (32 (batch, head) pairs if a group spans
-    sequences) from the counter."""
+    [Block order]): 8 heads (GQA 4:1) in one group, 4 sequences of 777 rows, more tiles than an
+    H200 has SMs, so that blocks draw the tiles of a wide group from the counter."""
     dense_case(DTYPES[0], d, 777, 777, 8, 2, window, causal, batch=4)
 
 
