@@ -149,6 +149,16 @@ def test_dense_wide_head_groups(d, window, causal):
     dense_case(DTYPES[0], d, 777, 777, 8, 2, window, causal, batch=4)
 
 
+@pytest.mark.parametrize("d", FAST_HEAD_DIMS)
+@pytest.mark.parametrize("heads", [(12, 4), (7, 7), (5, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_odd_grid(d, heads, causal):
+    """Query tiles, heads and GQA ratios that are no powers of two, over 5 sequences: the
+    persistent forward divides a tile index into (query tile, head, batch) and a head by the
+    GQA ratio with multipliers the launcher precomputes (kFastDivide in sm90/tile_config.h)."""
+    dense_case(DTYPES[0], d, 333, 421, heads[0], heads[1], (-1, -1), causal, batch=5)
+
+
 @pytest.mark.parametrize("heads", [(8, 1), (8, 2), (32, 8)])
 @pytest.mark.parametrize("window,causal", [((-1, -1), False), ((-1, -1), True), ((-1, 3), False),
                                            ((100, 0), False)])

@@ -85,6 +85,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
+#include <cutlass/fast_math.h>
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
@@ -259,6 +260,10 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     // (tiles_x, tiles_y, batch) blocks, x fastest; total_tiles of them.
     int tiles_x, tiles_y, total_tiles;
     int* tile_counter;  // tiles handed out past the first gridDim.x; zero at launch
+    // By tiles_x, tiles_y and heads_q / heads_kv, for Config::kFastDivide: a tile index into
+    // (x, y, batch) and a head into its K / V head (exact for dividends in [0, 2^31), where the
+    // launcher keeps every drawn tile index).
+    cutlass::FastDivmod div_x, div_y, div_group;
   };
 
   // Where this block works: its tile and the key tiles its rows can see.
@@ -268,15 +273,26 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     int n_begin, n_end;
 
     __device__ __forceinline__ Work(const Params& params, int t)
-        : Work(params.problem, params.tiles_x,
-               block_tile(params.problem.block_shift, t % params.tiles_x,
+        : Work(params.problem, params.tiles_x, tile_at(params, t), params.div_group) {}
+    static __device__ __forceinline__ BlockTile tile_at(const Params& params, int t) {
+      if constexpr (Config::kFastDivide) {
+        int yz, x, z, y;
+        params.div_x(yz, x, t);
+        params.div_y(z, y, yz);
+        return block_tile(params.problem.block_shift, x, y, z);
+      } else {
+        return block_tile(params.problem.block_shift, t % params.tiles_x,
                           (t / params.tiles_x) % params.tiles_y,
-                          t / params.tiles_x / params.tiles_y)) {}
-    __device__ __forceinline__ Work(const FwdParams& p, int tiles_x, BlockTile tile)
+                          t / params.tiles_x / params.tiles_y);
+      }
+    }
+    __device__ __forceinline__ Work(const FwdParams& p, int tiles_x, BlockTile tile,
+                                    const cutlass::FastDivmod& div_group)
         // Rank 0 is the last query tile: with a causal mask it sees the most keys.
         : m_block((tiles_x >> p.block_shift) - 1 - tile.rank),
           head(tile.head),
-          head_kv(tile.head / (p.heads_q / p.heads_kv)),
+          head_kv(Config::kFastDivide ? div_group.div(tile.head)
+                                      : tile.head / (p.heads_q / p.heads_kv)),
           batch(tile.batch),
           sq(p.seq_q, tile.batch),
           sk(p.seq_k, tile.batch) {
@@ -311,7 +327,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static __device__ void run(const Params& params, SharedStorage& storage) {
     if constexpr (!kPersistent) {
       // A tile past its packed sequence: the whole block leaves before any barrier.
-      const Work w(params.problem, params.tiles_x, block_tile(params.problem.block_shift));
+      const Work w(params.problem, params.tiles_x, block_tile(params.problem.block_shift),
+                   params.div_group);
       if (w.m_block * kBlockM >= w.sq.extent) return;
     }
     const int warp_group = threadIdx.x / 128;
@@ -337,7 +354,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
 
     if constexpr (!kPersistent) {
       // One tile per block: the block of the grid's (x, y, z) takes that tile.
-      const Work w(params.problem, params.tiles_x, block_tile(params.problem.block_shift));
+      const Work w(params.problem, params.tiles_x, block_tile(params.problem.block_shift),
+                   params.div_group);
       if (warp_group == 0) {
         cutlass::arch::warpgroup_reg_dealloc<Registers::kProducerRegs>();
         if (threadIdx.x == 0) {

@@ -101,7 +101,8 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
       /*tiles_x=*/0,
       /*tiles_y=*/0,
       /*total_tiles=*/0,
-      /*tile_counter=*/static_cast<int*>(workspace)};
+      /*tile_counter=*/static_cast<int*>(workspace),
+      /*div_x, div_y, div_group: below*/ {}, {}, {}};
 
   // The tiles of a (batch, head) read its K and V (Note [Block order]).  Blocks take them in
   // that order: one per tile, or (kPersistent) one per SM, each taking its next tile from the
@@ -122,6 +123,9 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
   params.tiles_x = int(order.grid.x);
   params.tiles_y = int(order.grid.y);
   params.total_tiles = int(total);
+  params.div_x = cutlass::FastDivmod(params.tiles_x);
+  params.div_y = cutlass::FastDivmod(params.tiles_y);
+  params.div_group = cutlass::FastDivmod(p.heads_q / p.heads_kv);
   dim3 grid = order.grid;
   if constexpr (Kernel::kPersistent) {
     int sms = 0;

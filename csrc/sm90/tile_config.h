@@ -48,6 +48,13 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // lead of 1.
 // kStages 3 at head dim 64 (168 KB of shared memory with the second Q buffer and O's own):
 // +1-1.6% at causal 1k-16k over 2 stages, within 0.3% non-causal (NOTES entry 62).
+// kFastDivide: a tile index divides into its (query tile, head, batch) and a head into its K / V
+// head by multipliers the launcher precomputes (cutlass::FastDivmod) rather than by `/`, some
+// 20 instructions and a MUFU.RCP per division, 4-5 divisions per tile in each warp group, on
+// the path between two tiles.  On at head dims 64 (within 1%), 96 (untimed: 128's shape) and
+// 128 (+4-6% at seqlen 512-2k, 0 at 16k; ptxas spills 116 / 124 -> 44 / 48 bytes, NOTES entry
+// 65); off at 256, where it ran +1-2% at 512-1k but -2 to -3% at 16k (ptxas scheduled the key
+// loop's softmax differently), and at 192 (one tile per block, one division; untimed).
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -63,6 +70,7 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kMaskFreeLoop = true;
   static constexpr bool kPrefetchQ = true;
   static constexpr int kPrefetchQLead = 1;
+  static constexpr bool kFastDivide = true;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -73,6 +81,7 @@ template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + 
   static constexpr bool kMaskFreeLoop = false;
   static constexpr bool kPrefetchQ = true;
   static constexpr int kPrefetchQLead = 1;
+  static constexpr bool kFastDivide = true;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -83,6 +92,7 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr bool kMaskFreeLoop = true;
   static constexpr bool kPrefetchQ = true;
   static constexpr int kPrefetchQLead = 1;
+  static constexpr bool kFastDivide = true;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -93,6 +103,7 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr bool kMaskFreeLoop = false;
   static constexpr bool kPrefetchQ = false;
   static constexpr int kPrefetchQLead = 1;
+  static constexpr bool kFastDivide = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -103,6 +114,7 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kMaskFreeLoop = true;
   static constexpr bool kPrefetchQ = false;
   static constexpr int kPrefetchQLead = 1;
+  static constexpr bool kFastDivide = false;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
