@@ -70,8 +70,10 @@
 //   it: the store's issuer waits for it to have read the buffer only before the next tile's O
 //   is staged there, and before the block ends (from V's stages, at once: the next V waits).
 //   Otherwise (packed sequences, whose tile would run into the next one; O in Q's buffer) the
-//   warp group copies it out in 16-byte stores.  Rows past the sequence and head-dim padding
-//   stay unwritten either way.
+//   warp group copies it out in 16-byte stores.  With kODirect (Config::kODirectStore; off
+//   everywhere, untimed) a persistent kernel without O's own buffer stages nothing: each thread
+//   stores its fragment of O from the registers, and the next tile's V waits for no epilogue.
+//   Rows past the sequence and head-dim padding stay unwritten either way.
 #pragma once
 
 // wgmma shapes whose N is not a power of 2 (kBlockN = 80, 96, ...), before any CuTe header.
@@ -213,10 +215,16 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   // Otherwise a persistent kernel stages O in V's stages, which hold it (head dims 192, 256):
   // Q's buffer is then free after the tile's last S, as with kSeparateO, and the producer loads
   // the next tile's first V only once the epilogue has read O out of them.
-  static constexpr bool kOInV =
-      kPersistent && !kSeparateO && cosize_v<SmemLayoutQ> <= cosize_v<SmemLayoutKV>;
+  // kODirect (Config::kODirectStore, persistent, where O has no buffer of its own): O leaves
+  // from the registers in 4-byte stores, staged nowhere, so that the next tile's first V waits
+  // for no epilogue.
+  static constexpr bool kODirect = Config::kODirectStore && kPersistent && !kSeparateO;
+  static constexpr bool kOInV = kPersistent && !kSeparateO && !kODirect &&
+                                cosize_v<SmemLayoutQ> <= cosize_v<SmemLayoutKV>;
   // O is staged in slabs of its own (not in Q's buffer), and Q's buffer is free after the last S.
   static constexpr bool kOSlabs = kSeparateO || kOInV;
+  // Q's buffer is free after the tile's last S (O is staged elsewhere, or nowhere).
+  static constexpr bool kQFreeAfterS = kOSlabs || kODirect;
   struct NoBuffer {};
   struct SharedStorage {
     alignas(1024) Buffer q[kQBuffers];  // the first also O's staging without kSeparateO
@@ -774,7 +782,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       }
       // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
       // last P V and the epilogue run (unless it stages O).
-      if constexpr (kOSlabs) q_free.arrive();
+      if constexpr (kQFreeAfterS) q_free.arrive();
       if constexpr (kRescaleUnderS) softmax.rescale(O);
       wait_v();
       turn_begin();
@@ -784,18 +792,18 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;
-    } else if constexpr (kOSlabs) {
+    } else if constexpr (kQFreeAfterS) {
       q_free.arrive();
     }
     for (int n = wg_begin - 1; n >= w.n_begin; --n) skip();
-  } else if constexpr (kOSlabs) {
+  } else if constexpr (kQFreeAfterS) {
     q_free.arrive();
   }
 
   float lse[kRows];
   softmax.finish(O, p.softmax_scale, lse);
   epilogue(params, storage, w, tOrO, lse);
-  if constexpr (kPersistent && !kOSlabs) q_free.arrive();
+  if constexpr (kPersistent && !kQFreeAfterS) q_free.arrive();
 }
 
 template <class ElementTag, int kHeadDim, class Config>
@@ -824,9 +832,30 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
     }
   }
 
-  // O: registers -> shared memory (stmatrix, this warp group's rows) -> global.
   Tensor tOrOut = make_tensor_like<Element>(tOrO);
   convert_into(tOrOut, tOrO);
+  if constexpr (kODirect) {
+    // O: registers -> global, two adjacent columns (4 bytes) per store.
+    Tensor rO = make_tensor(tOrOut.data(), rowcol(tOrOut.layout()));
+    Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
+                 int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
+#pragma unroll
+    for (int r = 0; r < size<0>(cO); ++r) {
+      const int row = get<0>(cO(r, 0));
+      if (m0 + row >= w.sq.extent) continue;
+#pragma unroll
+      for (int c = 0; c < size<1>(cO); c += 2) {
+        const int col = get<1>(cO(r, c));
+        if (col < p.head_dim) {
+          const Element pair[2] = {rO(r, c), rO(r, c + 1)};
+          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o.row_stride + col) =
+              *reinterpret_cast<const uint32_t*>(pair);
+        }
+      }
+    }
+    return;
+  }
+  // O: registers -> shared memory (stmatrix, this warp group's rows) -> global.
   Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutO{});  // (M, D)
   const bool leader = tid % 128 == 0;  // issues the warp group's TMA store
   // The warp group's copy-out of the previous tile has read its rows of the buffer.
