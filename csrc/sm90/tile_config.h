@@ -52,7 +52,7 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // head by multipliers the launcher precomputes (cutlass::FastDivmod) rather than by `/`, some
 // 20 instructions and a MUFU.RCP per division, 4-5 divisions per tile in each warp group, on
 // the path between two tiles.  On at head dims 64 (within 1%), 96 (untimed: 128's shape) and
-// 128 (+4-6% at seqlen 512-2k, 0 at 16k; ptxas spills 116 / 124 -> 44 / 48 bytes, NOTES entry
+// 128 (+4-6% at seqlen 512-2k, 0 at 16k; ptxas spills 116 / 124 -> 40 / 40 bytes, NOTES entry
 // 65); off at 256, where it ran +1-2% at 512-1k but -2 to -3% at 16k (ptxas scheduled the key
 // loop's softmax differently), and at 192 (one tile per block, one division; untimed).
 // kODirectStore: where O has no buffer of its own (head dims 192 / 256), a persistent kernel's
