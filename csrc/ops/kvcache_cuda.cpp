@@ -98,6 +98,9 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
   const Tensor o = rows_aligned(out) ? out : at::empty(q.sizes(), q.options());
   const int64_t batch = varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);
   const int64_t heads_q = q.size(-2), heads_kv = k_cache.size(2), head_dim = q.size(-1);
+  TORCH_CHECK_VALUE(heads_kv > 0 && heads_q % heads_kv == 0, "_fwd_kvcache_cuda: the number of "
+                    "heads of q (", heads_q, ") must be a multiple of the cache's (", heads_kv,
+                    ") (MHA, GQA or MQA)");
   const int64_t seqlen_q = varlen_q ? max_seqlen_q.value_or(q.size(0)) : q.size(1);
   Tensor lse = varlen_q
                    ? at::full({heads_q, q.size(0)}, -std::numeric_limits<float>::infinity(),

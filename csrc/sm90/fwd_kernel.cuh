@@ -847,82 +847,81 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
       for (int c = 0; c < size<1>(cO); c += 2) {
         const int col = get<1>(cO(r, c));
         if (col < p.head_dim) {
-          const Element pair[2] = {rO(r, c), rO(r, c + 1)};
           *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o.row_stride + col) =
-              *reinterpret_cast<const uint32_t*>(pair);
+              uint32_t(rO(r, c).raw()) | (uint32_t(rO(r, c + 1).raw()) << 16);
         }
       }
     }
-    return;
-  }
-  // O: registers -> shared memory (stmatrix, this warp group's rows) -> global.
-  Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutO{});  // (M, D)
-  const bool leader = tid % 128 == 0;  // issues the warp group's TMA store
-  // The warp group's copy-out of the previous tile has read its rows of the buffer.
-  if constexpr (kSeparateO) {
-    if (leader) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
-  }
-  // In V's stages, O waits for every warp group's last P V (the previous tile's O had left
-  // them before this tile's first V could load).
-  if constexpr (kOInV) {
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
-  }
-  // kOInV: the warp group's O has left V's stages; the producer may load the next tile's V.
-  auto o_read = [&] {
-    if constexpr (kOInV) {
-      if (leader) storage.barriers.barrier_o_read.arrive();
-    }
-  };
-  auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-  auto thr_copy_o = copy_o.get_thread_slice(tid);
-  Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);
-  Tensor tOsCopy = thr_copy_o.partition_D(sO);
-  copy(copy_o, tOrCopy, tOsCopy);
-  if constexpr (kOSlabs) {
-    if (params.tma_store_o) {
-      // The stmatrix writes (generic proxy) must be seen by the TMA store (async proxy).
-      cutlass::arch::fence_view_async_shared();
+  } else {
+    // O: registers -> shared memory (stmatrix, this warp group's rows) -> global.
+    Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutO{});  // (M, D)
+    const bool leader = tid % 128 == 0;  // issues the warp group's TMA store
+    // The warp group's copy-out of the previous tile has read its rows of the buffer.
+    if constexpr (kSeparateO) {
+      if (leader) tma_store_wait<0>();
       cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
-      if (leader) {
-        // Rows past the sequence lie past the tensor's rows, columns past the head dim past its
-        // columns: TMA writes neither.
-        Tensor mO = params.tma_o.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
-        Tensor gO = local_tile(mO(_, _, w.head, w.batch), Shape<_64, Int<kHeadDim>>{},
-                               make_coord(w.m_block * kConsumerWarpGroups + wg, _0{}));
-        Tensor sOSlab =
-            make_tensor(make_smem_ptr(o_buffer(storage) + wg * 64 * kHeadDim), SmemLayoutOSlab{});
-        auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
-                                          group_modes<0, 2>(sOSlab), group_modes<0, 2>(gO));
-        copy(params.tma_o, tOsO, tOgO);
-        tma_store_arrive();
-        if constexpr (kOInV) tma_store_wait<0>();  // the store has read the slab
+    }
+    // In V's stages, O waits for every warp group's last P V (the previous tile's O had left
+    // them before this tile's first V could load).
+    if constexpr (kOInV) {
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
+    }
+    // kOInV: the warp group's O has left V's stages; the producer may load the next tile's V.
+    auto o_read = [&] {
+      if constexpr (kOInV) {
+        if (leader) storage.barriers.barrier_o_read.arrive();
       }
-      o_read();
-      return;
+    };
+    auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+    auto thr_copy_o = copy_o.get_thread_slice(tid);
+    Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);
+    Tensor tOsCopy = thr_copy_o.partition_D(sO);
+    copy(copy_o, tOrCopy, tOsCopy);
+    if constexpr (kOSlabs) {
+      if (params.tma_store_o) {
+        // The stmatrix writes (generic proxy) must be seen by the TMA store (async proxy).
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
+        if (leader) {
+          // Rows past the sequence lie past the tensor's rows, columns past the head dim past its
+          // columns: TMA writes neither.
+          Tensor mO = params.tma_o.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
+          Tensor gO = local_tile(mO(_, _, w.head, w.batch), Shape<_64, Int<kHeadDim>>{},
+                                 make_coord(w.m_block * kConsumerWarpGroups + wg, _0{}));
+          Tensor sOSlab = make_tensor(make_smem_ptr(o_buffer(storage) + wg * 64 * kHeadDim),
+                                      SmemLayoutOSlab{});
+          auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
+                                            group_modes<0, 2>(sOSlab), group_modes<0, 2>(gO));
+          copy(params.tma_o, tOsO, tOgO);
+          tma_store_arrive();
+          if constexpr (kOInV) tma_store_wait<0>();  // the store has read the slab
+        }
+        o_read();
+        return;
+      }
     }
-  }
-  // The warp group's 64 rows are staged; only it reads them back.
-  cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
+    // The warp group's 64 rows are staged; only it reads them back.
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
 
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
-               int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
-#pragma unroll 4
-  for (int i = tid % 128; i < 64 * kChunksPerRow; i += 128) {
-    const int row = wg * 64 + i / kChunksPerRow;
-    const int col = (i % kChunksPerRow) * 8;
-    if (m0 + row < w.sq.extent && col < p.head_dim) {
-      *reinterpret_cast<uint4*>(o + int64_t(row) * p.o.row_stride + col) =
-          *reinterpret_cast<const uint4*>(&sO(row, col));
+    constexpr int kChunksPerRow = kHeadDim / 8;
+    Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
+                 int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
+  #pragma unroll 4
+    for (int i = tid % 128; i < 64 * kChunksPerRow; i += 128) {
+      const int row = wg * 64 + i / kChunksPerRow;
+      const int col = (i % kChunksPerRow) * 8;
+      if (m0 + row < w.sq.extent && col < p.head_dim) {
+        *reinterpret_cast<uint4*>(o + int64_t(row) * p.o.row_stride + col) =
+            *reinterpret_cast<const uint4*>(&sO(row, col));
+      }
     }
-  }
-  if constexpr (kOInV) {
-    // The reads (generic proxy) come before the next V's TMA writes (async proxy), and, through
-    // a barrier of all consumers, before the next tile's zeroing of V rows (generic writes).
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
-    o_read();
+    if constexpr (kOInV) {
+      // The reads (generic proxy) come before the next V's TMA writes (async proxy), and, through
+      // a barrier of all consumers, before the next tile's zeroing of V rows (generic writes).
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
+      o_read();
+    }
   }
 }
 

@@ -60,6 +60,8 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
   const unsigned m_tiles = tiles(p.seq_q.seqlen, Kernel::kBlockM);
   // No query rows (then out and lse are empty too): nothing to write.
   if (m_tiles == 0 || p.batch == 0 || p.heads_q == 0 || p.q.ptr == nullptr) return cudaSuccess;
+  // The op layer checks it; a bad call must not divide by zero here (div_group below).
+  if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return cudaErrorInvalidValue;
 
   // A packed tensor is one batch of total_rows rows.  An empty K / V (null, no rows) gets a
   // one-row descriptor on Q's memory, which no load uses (no key tile is visible), since a TMA

@@ -55,11 +55,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // 128 (+4-6% at seqlen 512-2k, 0 at 16k; ptxas spills 116 / 124 -> 40 / 40 bytes, NOTES entry
 // 65); off at 256, where it ran +1-2% at 512-1k but -2 to -3% at 16k (ptxas scheduled the key
 // loop's softmax differently), and at 192 (one tile per block, one division; untimed).
-// kODirectStore: where O has no buffer of its own (head dims 192 / 256), a persistent kernel's
-// O leaves from the registers in 4-byte stores instead of being staged in V's stages, so that
-// the next tile's first V load waits for no epilogue (at seqlen 512 a tile runs 7 key tiles,
-// and the staged store's round trip, then V's load, stand between its last P V and the next
-// tile's first).  Off everywhere: untimed.
+// kODirectStore: where a persistent kernel's O has no buffer of its own (head dim 256; 192 runs
+// one block per tile), O leaves from the registers in 4-byte stores, not staged in V's stages,
+// so that the next tile's first V load waits for no epilogue (at seqlen 512 a tile runs 7 key
+// tiles, and the staged store's round trip, then V's load, stand between its last P V and the
+// next tile's first).  Off everywhere: untimed.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
