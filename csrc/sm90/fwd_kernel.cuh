@@ -906,7 +906,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
     constexpr int kChunksPerRow = kHeadDim / 8;
     Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
                  int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
-  #pragma unroll 4
+#pragma unroll 4
     for (int i = tid % 128; i < 64 * kChunksPerRow; i += 128) {
       const int row = wg * 64 + i / kChunksPerRow;
       const int col = (i % kChunksPerRow) * 8;
