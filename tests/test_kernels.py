@@ -173,6 +173,25 @@ def test_dense_odd_grid(d, heads, causal):
     dense_case(DTYPES[0], d, 333, 421, heads[0], heads[1], (-1, -1), causal, batch=5)
 
 
+@pytest.mark.parametrize("d", FAST_HEAD_DIMS)
+@pytest.mark.parametrize("window,causal", [((-1, -1), True), ((40, 0), False), ((-1, 5), True),
+                                           ((-1, -1), False)])
+def test_tiles_end_at_last_row(d, window, causal):
+    """Query lengths around a tile of 128 and 192 rows, queries fewer and more than keys, packed
+    sequences of 1 and 0 rows behind longer ones, and many tiles per block, under masks with and
+    without a right bound.  With kAlignLastTile (sm90/tile_config.h) the sm90 forward ends a
+    sequence's query tiles within 64 rows of its last row, so that its first tile starts before
+    row 0: the warp groups there compute and store nothing, and the others read their Q 64 or
+    128 rows down in the tile's buffer."""
+    for seqlen_q, seqlen_k in [(1, 1), (65, 65), (191, 230), (193, 193), (500, 421)]:
+        dense_case(DTYPES[0], d, seqlen_q, seqlen_k, 4, 2, window, causal, batch=3)
+    # Several tiles per block, many of them first tiles with a warp group before the sequence
+    # (the warp groups' turns must stay in step across tiles).
+    dense_case(DTYPES[0], d, 320, 320, 4, 4, window, causal, batch=48)
+    varlen_case(DTYPES[0], d, [191, 1, 0, 385, 64, 250], [191, 7, 3, 385, 64, 300], 4, 2,
+                window, causal)
+
+
 @pytest.mark.parametrize("heads", [(8, 1), (8, 2), (32, 8)])
 @pytest.mark.parametrize("window,causal", [((-1, -1), False), ((-1, -1), True), ((-1, 3), False),
                                            ((100, 0), False)])

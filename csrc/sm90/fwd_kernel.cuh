@@ -70,10 +70,8 @@
 //   it: the store's issuer waits for it to have read the buffer only before the next tile's O
 //   is staged there, and before the block ends (from V's stages, at once: the next V waits).
 //   Otherwise (packed sequences, whose tile would run into the next one; O in Q's buffer) the
-//   warp group copies it out in 16-byte stores.  With kODirect (Config::kODirectStore; off
-//   everywhere, untimed) a persistent kernel without O's own buffer stages nothing: each thread
-//   stores its fragment of O from the registers, and the next tile's V waits for no epilogue.
-//   Rows past the sequence and head-dim padding stay unwritten either way.
+//   warp group copies it out in 16-byte stores.  Rows past the sequence and head-dim padding
+//   stay unwritten either way.
 #pragma once
 
 // wgmma shapes whose N is not a power of 2 (kBlockN = 80, 96, ...), before any CuTe header.
@@ -215,16 +213,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   // Otherwise a persistent kernel stages O in V's stages, which hold it (head dims 192, 256):
   // Q's buffer is then free after the tile's last S, as with kSeparateO, and the producer loads
   // the next tile's first V only once the epilogue has read O out of them.
-  // kODirect (Config::kODirectStore, persistent, where O has no buffer of its own): O leaves
-  // from the registers in 4-byte stores, staged nowhere, so that the next tile's first V waits
-  // for no epilogue.
-  static constexpr bool kODirect = Config::kODirectStore && kPersistent && !kSeparateO;
-  static constexpr bool kOInV = kPersistent && !kSeparateO && !kODirect &&
-                                cosize_v<SmemLayoutQ> <= cosize_v<SmemLayoutKV>;
+  static constexpr bool kOInV =
+      kPersistent && !kSeparateO && cosize_v<SmemLayoutQ> <= cosize_v<SmemLayoutKV>;
   // O is staged in slabs of its own (not in Q's buffer), and Q's buffer is free after the last S.
   static constexpr bool kOSlabs = kSeparateO || kOInV;
-  // Q's buffer is free after the tile's last S (O is staged elsewhere, or nowhere).
-  static constexpr bool kQFreeAfterS = kOSlabs || kODirect;
+  // Q's buffer is free after the tile's last S (O is staged elsewhere).
+  static constexpr bool kQFreeAfterS = kOSlabs;
   struct NoBuffer {};
   struct SharedStorage {
     alignas(1024) Buffer q[kQBuffers];  // the first also O's staging without kSeparateO
@@ -245,6 +239,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static_assert(kSmemBytes <= kMaxSmemBytes, "the tile fits an sm90 block");
   static_assert(!kPrefetchQ || kSeparateO, "a second Q buffer leaves O a buffer of its own");
   static_assert(!(kOInV && kPrefetchQ), "kOInV's wait sits before the tile's first V");
+  static_assert(!(Config::kAlignLastTile && kPingPong),
+                "the turns of kPingPong count every warp group, rows before the sequence too");
+  static_assert(!Config::kAlignLastTile || kPersistent, "run() closes the round of first turns");
   static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
     if constexpr (kSeparateO) {
       return storage.o.data();
@@ -274,10 +271,23 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     cutlass::FastDivmod div_x, div_y, div_group;
   };
 
+  // Key tiles [begin, end) of size kBlockN that rows [m0, m0 + rows) see, where rows before
+  // the sequence's first (m0 < 0, Config::kAlignLastTile) see none.
+  static __device__ __forceinline__ void key_range(const MaskInfo& mask, int m0, int rows,
+                                                   int& begin, int& end) {
+    if constexpr (Config::kAlignLastTile) {
+      const int first = max(m0, 0);
+      mask.key_block_range(first, m0 + rows - first, kBlockN, begin, end);
+    } else {
+      mask.key_block_range(m0, rows, kBlockN, begin, end);
+    }
+  }
+
   // Where this block works: its tile and the key tiles its rows can see.
   struct Work {
     int m_block, head, head_kv, batch;
     SeqlenInfo sq, sk;
+    int m0;  // the tile's first row in its sequence (negative: rows before it, kAlignLastTile)
     int n_begin, n_end;
 
     __device__ __forceinline__ Work(const Params& params, int t)
@@ -303,8 +313,17 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
                                       : tile.head / (p.heads_q / p.heads_kv)),
           batch(tile.batch),
           sq(p.seq_q, tile.batch),
-          sk(p.seq_k, tile.batch) {
-      mask(p).key_block_range(m_block * kBlockM, kBlockM, kBlockN, n_begin, n_end);
+          sk(p.seq_k, tile.batch),
+          // kAlignLastTile, under a mask with a right bound: the tiles end within 64 rows of the
+          // sequence's last row, so that a partial tile is the first one, whose rows see the
+          // fewest keys, not the last, which would take the most key tiles for its few rows.
+          // Whole warp groups' rows only (64): a warp group's rows lie all before the sequence
+          // or all in it, and no TMA box starts before row 0.
+          m0(m_block * kBlockM -
+             (Config::kAlignLastTile && p.window_right >= 0
+                  ? (kBlockM - 1 - (sq.extent + kBlockM - 1) % kBlockM) / 64 * 64
+                  : 0)) {
+      key_range(mask(p), m0, kBlockM, n_begin, n_end);
     }
     __device__ __forceinline__ MaskInfo mask(const FwdParams& p) const {
       return MaskInfo(sq.len, sk.len, p.window_left, p.window_right);
@@ -337,7 +356,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       // A tile past its packed sequence: the whole block leaves before any barrier.
       const Work w(params.problem, params.tiles_x, block_tile(params.problem.block_shift),
                    params.div_group);
-      if (w.m_block * kBlockM >= w.sq.extent) return;
+      if (w.m0 >= w.sq.extent) return;
     }
     const int warp_group = threadIdx.x / 128;
     Barriers& bars = storage.barriers;
@@ -391,7 +410,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       auto claim = [&](int t) {
         for (; t < params.total_tiles; t = next_tile()) {
           const Work w(params, t);
-          if (w.m_block * kBlockM < w.sq.extent) return t;
+          if (w.m0 < w.sq.extent) return t;
         }
         return -1;
       };
@@ -445,6 +464,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     } else {
       cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
       PipelineState read_k, read_v;
+      // kAlignLastTile's closed round of first turns (see consume()): the last warp group grants
+      // warp group 0 its first, and warp group 0 takes the last warp group's last.
+      constexpr bool kRound = Config::kAlignLastTile && !kPingPong;
+      if (kRound && warp_group == kConsumerWarpGroups) {
+        cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0));
+      }
       for (int taken = 0;; ++taken) {
         // The same in every lane, through a shuffle: Q's descriptors derive from it (see wg in
         // consume()).
@@ -453,6 +478,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         const int t = *static_cast<volatile int*>(&bars.tile[b]);
         if (t < 0) break;
         consume(params, storage, pipeline_k, pipeline_v, Work(params, t), b, read_k, read_v);
+      }
+      if (kRound && warp_group == 1) {
+        cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0));
       }
       // Shared memory must outlive the TMA stores that read it.
       if (threadIdx.x % 128 == 0) tma_store_wait<0>();
@@ -563,9 +591,19 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load_q(const Params& pa
   }
   const bool varlen_q = params.problem.seq_q.cu_seqlens != nullptr;
   Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
-  Tensor gQ = local_tile(domain_offset(make_coord(w.sq.offset, _0{}),
-                                       mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
-                         select<0, 2>(TileShapeQK{}), make_coord(w.m_block, _0{}));  // (M, D)
+  // A tile that starts before the sequence (m0 < 0, kAlignLastTile) loads from its row 0: its
+  // warp group wg reads the Q rows of warp group wg - (-m0 / 64) (see consume()).
+  Tensor gQ = [&] {  // (M, D)
+    if constexpr (Config::kAlignLastTile) {
+      return local_tile(domain_offset(make_coord(w.sq.offset + max(w.m0, 0), _0{}),
+                                      mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
+                        select<0, 2>(TileShapeQK{}), make_coord(_0{}, _0{}));
+    } else {
+      return local_tile(domain_offset(make_coord(w.sq.offset, _0{}),
+                                      mQ(_, _, w.head, varlen_q ? 0 : w.batch)),
+                        select<0, 2>(TileShapeQK{}), make_coord(w.m_block, _0{}));
+    }
+  }();
   Tensor sQ = make_tensor(make_smem_ptr(storage.q[b].data()), SmemLayoutQ{});  // (M, D)
   auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                     group_modes<0, 2>(gQ));
@@ -584,7 +622,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   const FwdParams& p = params.problem;
   auto& q_free = storage.barriers.barrier_q_free[b];  // arrived on once Q's buffer is read
   const int tid = threadIdx.x - 128;  // among the consumers
-  const int m0 = w.m_block * kBlockM;
+  const int m0 = w.m0;
   // This thread's warp group, through a shuffle from lane 0 so that ptxas sees it is the same in
   // every lane: what derives from it (the operands' wgmma descriptors, the warp group's key
   // range and so the pipeline stages it reads) then lives in uniform registers, as wgmma takes
@@ -602,10 +640,21 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       make_layout(make_shape(Int<kConsumerWarpGroups>{}), make_stride(_128{}));
   auto wg_qk = mma_qk.get_slice(wg_first_thread(wg));
   auto wg_pv = mma_pv.get_slice(wg_first_thread(wg));
+  // The warp group whose rows of Q's buffer this one reads: itself, but in a tile that starts
+  // before its sequence (kAlignLastTile) the buffer holds the tile's rows from row 0 of the
+  // sequence on, -m0 / 64 warp groups down (the warp groups before the sequence read none).
+  auto wg_q = [&] {
+    if constexpr (Config::kAlignLastTile) {
+      return mma_qk.get_slice(
+          wg_first_thread(__shfl_sync(0xffffffff, max(wg + min(m0, 0) / 64, 0), 0)));
+    } else {
+      return wg_qk;
+    }
+  }();
   Tensor sQ = make_tensor(make_smem_ptr(storage.q[b].data()), SmemLayoutQ{});  // (M, D)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutVt{});  // (D, N, stage)
-  Tensor tSrQ = wg_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
+  Tensor tSrQ = wg_q.partition_fragment_A(sQ);    // descriptors (MMA, MMA_M, MMA_K)
   Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileShapeQK{}));  // fp32 S
@@ -686,15 +735,24 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   // warp groups' first GEMMs one after the other and each one's first softmax runs under the
   // next one's GEMM (they start a tile together, on one Q barrier).  A warp group that skips
   // the block's first key tile takes its turn at once, issuing nothing.
+  // kAlignLastTile closes the round: warp group 0 waits for the last one's turn of the previous
+  // tile (run() grants the first and takes the last).  A warp group whose rows all lie before
+  // the sequence has no work in its tile; without the wait, warp group 0 could then finish the
+  // next tile and arrive a second time on warp group 1's barrier before warp group 1 took its
+  // turn of the first.
   auto first_turn_begin = [&] {
     if constexpr (!kPingPong) {
-      if (wg > 0) cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
+      if (wg > 0 || Config::kAlignLastTile) {
+        cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
+      }
     }
   };
   auto first_turn_end = [&] {
     if constexpr (!kPingPong) {
       if (wg + 1 < kConsumerWarpGroups) {
         cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0) + wg + 1);
+      } else if constexpr (Config::kAlignLastTile) {
+        cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0));
       }
     }
   };
@@ -707,7 +765,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     // it every warp group visits the block's key tiles).
     int wg_begin = w.n_begin, wg_end = w.n_end;
     if constexpr (kPerWarpGroupKeys) {
-      mask.key_block_range(wg_m0, 64, kBlockN, wg_begin, wg_end);
+      key_range(mask, wg_m0, 64, wg_begin, wg_end);
       wg_begin = max(wg_begin, w.n_begin);
       wg_end = min(wg_end, w.n_end);
       if (wg_begin >= wg_end) wg_begin = wg_end = w.n_begin;
@@ -736,7 +794,13 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       // The key tiles every score of which this warp group's rows see: one run, which the loop
       // below takes without the mask's code (kMaskFreeLoop; else it checks each tile).
       int full_begin, full_end;
-      mask.all_visible_block_range(wg_m0, 64, kBlockN, full_begin, full_end);
+      if constexpr (Config::kAlignLastTile) {
+        // Rows before the sequence are no one's: the run is the real rows'.
+        const int first = max(wg_m0, 0);
+        mask.all_visible_block_range(first, wg_m0 + 64 - first, kBlockN, full_begin, full_end);
+      } else {
+        mask.all_visible_block_range(wg_m0, 64, kBlockN, full_begin, full_end);
+      }
       auto all_visible = [&](int n_block) {
         return n_block >= full_begin && n_block < full_end;
       };
@@ -815,7 +879,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
   const FwdParams& p = params.problem;
   const int tid = threadIdx.x - 128;
   const int wg = tid / 128;
-  const int m0 = w.m_block * kBlockM;
+  const int m0 = w.m0;
   TiledMmaPV mma_pv;
   auto thr_pv = mma_pv.get_thread_slice(tid);
 
@@ -828,100 +892,92 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
 #pragma unroll
     for (int r = 0; r < size<0>(cO); ++r) {
       const int row = get<0>(cO(r, 0));
-      if (m0 + row < w.sq.extent) lse_out[row] = lse[r];
+      if (m0 + row < w.sq.extent && (!Config::kAlignLastTile || m0 + row >= 0)) {
+        lse_out[row] = lse[r];
+      }
     }
   }
 
   Tensor tOrOut = make_tensor_like<Element>(tOrO);
   convert_into(tOrOut, tOrO);
-  if constexpr (kODirect) {
-    // O: registers -> global, two adjacent columns (4 bytes) per store.
-    Tensor rO = make_tensor(tOrOut.data(), rowcol(tOrOut.layout()));
-    Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
-                 int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
-#pragma unroll
-    for (int r = 0; r < size<0>(cO); ++r) {
-      const int row = get<0>(cO(r, 0));
-      if (m0 + row >= w.sq.extent) continue;
-#pragma unroll
-      for (int c = 0; c < size<1>(cO); c += 2) {
-        const int col = get<1>(cO(r, c));
-        if (col < p.head_dim) {
-          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o.row_stride + col) =
-              uint32_t(rO(r, c).raw()) | (uint32_t(rO(r, c + 1).raw()) << 16);
-        }
-      }
-    }
-  } else {
-    // O: registers -> shared memory (stmatrix, this warp group's rows) -> global.
-    Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutO{});  // (M, D)
-    const bool leader = tid % 128 == 0;  // issues the warp group's TMA store
-    // The warp group's copy-out of the previous tile has read its rows of the buffer.
-    if constexpr (kSeparateO) {
-      if (leader) tma_store_wait<0>();
-      cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
-    }
-    // In V's stages, O waits for every warp group's last P V (the previous tile's O had left
-    // them before this tile's first V could load).
-    if constexpr (kOInV) {
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
-    }
-    // kOInV: the warp group's O has left V's stages; the producer may load the next tile's V.
-    auto o_read = [&] {
-      if constexpr (kOInV) {
-        if (leader) storage.barriers.barrier_o_read.arrive();
-      }
-    };
-    auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-    auto thr_copy_o = copy_o.get_thread_slice(tid);
-    Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);
-    Tensor tOsCopy = thr_copy_o.partition_D(sO);
-    copy(copy_o, tOrCopy, tOsCopy);
-    if constexpr (kOSlabs) {
-      if (params.tma_store_o) {
-        // The stmatrix writes (generic proxy) must be seen by the TMA store (async proxy).
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
-        if (leader) {
-          // Rows past the sequence lie past the tensor's rows, columns past the head dim past its
-          // columns: TMA writes neither.
-          Tensor mO = params.tma_o.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
-          Tensor gO = local_tile(mO(_, _, w.head, w.batch), Shape<_64, Int<kHeadDim>>{},
-                                 make_coord(w.m_block * kConsumerWarpGroups + wg, _0{}));
-          Tensor sOSlab = make_tensor(make_smem_ptr(o_buffer(storage) + wg * 64 * kHeadDim),
-                                      SmemLayoutOSlab{});
-          auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
-                                            group_modes<0, 2>(sOSlab), group_modes<0, 2>(gO));
-          copy(params.tma_o, tOsO, tOgO);
-          tma_store_arrive();
-          if constexpr (kOInV) tma_store_wait<0>();  // the store has read the slab
-        }
-        o_read();
-        return;
-      }
-    }
-    // The warp group's 64 rows are staged; only it reads them back.
+  // O: registers -> shared memory (stmatrix, this warp group's rows) -> global.
+  Tensor sO = make_tensor(make_smem_ptr(o_buffer(storage)), SmemLayoutO{});  // (M, D)
+  const bool leader = tid % 128 == 0;  // issues the warp group's TMA store
+  // The warp group's copy-out of the previous tile has read its rows of the buffer.
+  if constexpr (kSeparateO) {
+    if (leader) tma_store_wait<0>();
     cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
-
-    constexpr int kChunksPerRow = kHeadDim / 8;
-    Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
-                 int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
-#pragma unroll 4
-    for (int i = tid % 128; i < 64 * kChunksPerRow; i += 128) {
-      const int row = wg * 64 + i / kChunksPerRow;
-      const int col = (i % kChunksPerRow) * 8;
-      if (m0 + row < w.sq.extent && col < p.head_dim) {
-        *reinterpret_cast<uint4*>(o + int64_t(row) * p.o.row_stride + col) =
-            *reinterpret_cast<const uint4*>(&sO(row, col));
-      }
-    }
+  }
+  // In V's stages, O waits for every warp group's last P V (the previous tile's O had left
+  // them before this tile's first V could load).
+  if constexpr (kOInV) {
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
+  }
+  // kOInV: the warp group's O has left V's stages; the producer may load the next tile's V.
+  auto o_read = [&] {
     if constexpr (kOInV) {
-      // The reads (generic proxy) come before the next V's TMA writes (async proxy), and, through
-      // a barrier of all consumers, before the next tile's zeroing of V rows (generic writes).
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
-      o_read();
+      if (leader) storage.barriers.barrier_o_read.arrive();
     }
+  };
+  auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+  auto thr_copy_o = copy_o.get_thread_slice(tid);
+  Tensor tOrCopy = thr_copy_o.retile_S(tOrOut);
+  Tensor tOsCopy = thr_copy_o.partition_D(sO);
+  copy(copy_o, tOrCopy, tOsCopy);
+  if constexpr (kOSlabs) {
+    if (params.tma_store_o) {
+      // The stmatrix writes (generic proxy) must be seen by the TMA store (async proxy).
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
+      if (leader) {
+        // Rows past the sequence lie past the tensor's rows, columns past the head dim past its
+        // columns: TMA writes neither.
+        Tensor mO = params.tma_o.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
+        Tensor gO = [&] {
+          if constexpr (Config::kAlignLastTile) {
+            return local_tile(domain_offset(make_coord(m0 + wg * 64, _0{}),
+                                            mO(_, _, w.head, w.batch)),
+                              Shape<_64, Int<kHeadDim>>{}, make_coord(_0{}, _0{}));
+          } else {
+            return local_tile(mO(_, _, w.head, w.batch), Shape<_64, Int<kHeadDim>>{},
+                              make_coord(w.m_block * kConsumerWarpGroups + wg, _0{}));
+          }
+        }();
+        Tensor sOSlab = make_tensor(make_smem_ptr(o_buffer(storage) + wg * 64 * kHeadDim),
+                                    SmemLayoutOSlab{});
+        auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
+                                          group_modes<0, 2>(sOSlab), group_modes<0, 2>(gO));
+        // kAlignLastTile: a warp group before the sequence stores nothing.
+        if (!Config::kAlignLastTile || m0 + wg * 64 >= 0) copy(params.tma_o, tOsO, tOgO);
+        tma_store_arrive();
+        if constexpr (kOInV) tma_store_wait<0>();  // the store has read the slab
+      }
+      o_read();
+      return;
+    }
+  }
+  // The warp group's 64 rows are staged; only it reads them back.
+  cutlass::arch::NamedBarrier::sync(128, uint32_t(FwdBarrier::kEpilogue0) + wg);
+
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  Element* o = static_cast<Element*>(p.o.ptr) + w.batch * p.o.batch_stride +
+               int64_t(w.sq.offset + m0) * p.o.row_stride + w.head * p.o.head_stride;
+#pragma unroll 4
+  for (int i = tid % 128; i < 64 * kChunksPerRow; i += 128) {
+    const int row = wg * 64 + i / kChunksPerRow;
+    const int col = (i % kChunksPerRow) * 8;
+    if (m0 + row < w.sq.extent && (!Config::kAlignLastTile || m0 + row >= 0) &&
+        col < p.head_dim) {
+      *reinterpret_cast<uint4*>(o + int64_t(row) * p.o.row_stride + col) =
+          *reinterpret_cast<const uint4*>(&sO(row, col));
+    }
+  }
+  if constexpr (kOInV) {
+    // The reads (generic proxy) come before the next V's TMA writes (async proxy), and, through
+    // a barrier of all consumers, before the next tile's zeroing of V rows (generic writes).
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(FwdBarrier::kVRead));
+    o_read();
   }
 }
 

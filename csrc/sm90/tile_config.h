@@ -55,11 +55,14 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // 128 (+4-6% at seqlen 512-2k, 0 at 16k; ptxas spills 116 / 124 -> 40 / 40 bytes, NOTES entry
 // 65); off at 256, where it ran +1-2% at 512-1k but -2 to -3% at 16k (ptxas scheduled the key
 // loop's softmax differently), and at 192 (one tile per block, one division; untimed).
-// kODirectStore: where a persistent kernel's O has no buffer of its own (head dim 256; 192 runs
-// one block per tile), O leaves from the registers in 4-byte stores, not staged in V's stages,
-// so that the next tile's first V load waits for no epilogue (at seqlen 512 a tile runs 7 key
-// tiles, and the staged store's round trip, then V's load, stand between its last P V and the
-// next tile's first).  Off everywhere: untimed.
+// kAlignLastTile: under a mask with a right bound (causal), a sequence's query tiles end within
+// 64 rows of its last row, so that a partial tile is the first one, whose rows see the fewest
+// keys (at head dim 64, seqlen 512, the tiles of 192 rows cover rows [-64, 512), and no tile's
+// slowest warp group runs 4 key tiles beside one with none: 8 key tiles on the slowest warp
+// groups of a sequence rather than 9).  Whole warp groups only: one before the sequence
+// computes and stores nothing, the others read their Q 64 or 128 rows down in its buffer, and
+// the warp groups' first turns become a closed round.  Off everywhere: on at 64 it failed 2
+// tests of the suite and ran past its time limit, and it has not been timed (NOTES entry 66).
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -76,7 +79,7 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPrefetchQ = true;
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
-  static constexpr bool kODirectStore = false;
+  static constexpr bool kAlignLastTile = false;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -88,7 +91,7 @@ template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + 
   static constexpr bool kPrefetchQ = true;
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
-  static constexpr bool kODirectStore = false;
+  static constexpr bool kAlignLastTile = false;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -100,7 +103,7 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr bool kPrefetchQ = true;
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
-  static constexpr bool kODirectStore = false;
+  static constexpr bool kAlignLastTile = false;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -112,7 +115,7 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr bool kPrefetchQ = false;
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = false;
-  static constexpr bool kODirectStore = false;
+  static constexpr bool kAlignLastTile = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -124,7 +127,7 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kPrefetchQ = false;
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = false;
-  static constexpr bool kODirectStore = false;
+  static constexpr bool kAlignLastTile = false;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
