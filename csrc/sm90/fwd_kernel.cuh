@@ -242,6 +242,13 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static_assert(!(Config::kAlignLastTile && kPingPong),
                 "the turns of kPingPong count every warp group, rows before the sequence too");
   static_assert(!Config::kAlignLastTile || kPersistent, "run() closes the round of first turns");
+  // A warp group before its sequence takes no key tile only with kPerWarpGroupKeys (without
+  // it every warp group takes the block's, and the V tail's barrier counts them all).
+  static_assert(!Config::kAlignLastTile || kPerWarpGroupKeys,
+                "warp groups before the sequence need their own (empty) key range");
+  // Staged in Q's buffer, a warp group's O would overwrite rows another one still reads as Q
+  // (warp group g reads rows 64 (g - (-m0 / 64)) on).
+  static_assert(!Config::kAlignLastTile || kQFreeAfterS, "O is staged outside Q's buffer");
   static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
     if constexpr (kSeparateO) {
       return storage.o.data();
