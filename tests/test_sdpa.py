@@ -300,6 +300,7 @@ def test_sdpa_runs_flash_cuda_on_cuda(dtype, d, heads, causal, compiled):
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (64, 0)])
 def test_varlen_attn_runs_flash_cuda_on_cuda(window):
     """varlen_attn (empty and odd-length sequences) against the float32 reference."""
+    skip_unless_built(torch.bfloat16, 128)
     import test_kernels as kernels
     from torch.nn.attention.varlen import AuxRequest, varlen_attn
     lens = [1, 300, 0, 17, 1000]

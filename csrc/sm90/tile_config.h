@@ -61,8 +61,9 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // slowest warp group runs 4 key tiles beside one with none: 8 key tiles on the slowest warp
 // groups of a sequence rather than 9).  Whole warp groups only: one before the sequence
 // computes and stores nothing, the others read their Q 64 or 128 rows down in its buffer, and
-// the warp groups' first turns become a closed round.  Off everywhere: on at 64 it failed 2
-// tests of the suite and ran past its time limit, and it has not been timed (NOTES entry 66).
+// the warp groups' first turns become a closed round.  Off everywhere: on at 64 the suite of a
+// hdim-64 build had 2 failures (perhaps a test that needed head dim 128) before its time limit,
+// and it has not been timed (NOTES entry 66).
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
