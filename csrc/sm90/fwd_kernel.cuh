@@ -217,8 +217,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       kPersistent && !kSeparateO && cosize_v<SmemLayoutQ> <= cosize_v<SmemLayoutKV>;
   // O is staged in slabs of its own (not in Q's buffer), and Q's buffer is free after the last S.
   static constexpr bool kOSlabs = kSeparateO || kOInV;
-  // Q's buffer is free after the tile's last S (O is staged elsewhere).
-  static constexpr bool kQFreeAfterS = kOSlabs;
   struct NoBuffer {};
   struct SharedStorage {
     alignas(1024) Buffer q[kQBuffers];  // the first also O's staging without kSeparateO
@@ -248,7 +246,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
                 "warp groups before the sequence need their own (empty) key range");
   // Staged in Q's buffer, a warp group's O would overwrite rows another one still reads as Q
   // (warp group g reads rows 64 (g - (-m0 / 64)) on).
-  static_assert(!Config::kAlignLastTile || kQFreeAfterS, "O is staged outside Q's buffer");
+  static_assert(!Config::kAlignLastTile || kOSlabs, "O is staged outside Q's buffer");
   static __device__ __forceinline__ Element* o_buffer(SharedStorage& storage) {
     if constexpr (kSeparateO) {
       return storage.o.data();
@@ -278,16 +276,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     cutlass::FastDivmod div_x, div_y, div_group;
   };
 
-  // Key tiles [begin, end) of size kBlockN that rows [m0, m0 + rows) see, where rows before
-  // the sequence's first (m0 < 0, Config::kAlignLastTile) see none.
-  static __device__ __forceinline__ void key_range(const MaskInfo& mask, int m0, int rows,
-                                                   int& begin, int& end) {
-    if constexpr (Config::kAlignLastTile) {
-      const int first = max(m0, 0);
-      mask.key_block_range(first, m0 + rows - first, kBlockN, begin, end);
-    } else {
-      mask.key_block_range(m0, rows, kBlockN, begin, end);
-    }
+  // Rows [m0, m0 + rows) less those before the sequence (m0 < 0, Config::kAlignLastTile),
+  // which see no key and belong to no one: the first row and the count that the mask's block
+  // ranges take.
+  static __device__ __forceinline__ void real_rows(int m0, int rows, int& first, int& count) {
+    first = Config::kAlignLastTile ? max(m0, 0) : m0;
+    count = m0 + rows - first;
   }
 
   // Where this block works: its tile and the key tiles its rows can see.
@@ -330,7 +324,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
              (Config::kAlignLastTile && p.window_right >= 0
                   ? (kBlockM - 1 - (sq.extent + kBlockM - 1) % kBlockM) / 64 * 64
                   : 0)) {
-      key_range(mask(p), m0, kBlockM, n_begin, n_end);
+      int first, count;
+      real_rows(m0, kBlockM, first, count);
+      mask(p).key_block_range(first, count, kBlockN, n_begin, n_end);
     }
     __device__ __forceinline__ MaskInfo mask(const FwdParams& p) const {
       return MaskInfo(sq.len, sk.len, p.window_left, p.window_right);
@@ -599,7 +595,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load_q(const Params& pa
   const bool varlen_q = params.problem.seq_q.cu_seqlens != nullptr;
   Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);  // (rows, d, heads, batch)
   // A tile that starts before the sequence (m0 < 0, kAlignLastTile) loads from its row 0: its
-  // warp group wg reads the Q rows of warp group wg - (-m0 / 64) (see consume()).
+  // warp group wg reads the Q rows of warp group wg - (-m0 / 64) (see consume()).  Without the
+  // flag the tile is addressed as before: the same coordinates through m0 changed the SASS.
   Tensor gQ = [&] {  // (M, D)
     if constexpr (Config::kAlignLastTile) {
       return local_tile(domain_offset(make_coord(w.sq.offset + max(w.m0, 0), _0{}),
@@ -772,7 +769,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     // it every warp group visits the block's key tiles).
     int wg_begin = w.n_begin, wg_end = w.n_end;
     if constexpr (kPerWarpGroupKeys) {
-      key_range(mask, wg_m0, 64, wg_begin, wg_end);
+      int first, count;
+      real_rows(wg_m0, 64, first, count);
+      mask.key_block_range(first, count, kBlockN, wg_begin, wg_end);
       wg_begin = max(wg_begin, w.n_begin);
       wg_end = min(wg_end, w.n_end);
       if (wg_begin >= wg_end) wg_begin = wg_end = w.n_begin;
@@ -800,14 +799,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       }
       // The key tiles every score of which this warp group's rows see: one run, which the loop
       // below takes without the mask's code (kMaskFreeLoop; else it checks each tile).
-      int full_begin, full_end;
-      if constexpr (Config::kAlignLastTile) {
-        // Rows before the sequence are no one's: the run is the real rows'.
-        const int first = max(wg_m0, 0);
-        mask.all_visible_block_range(first, wg_m0 + 64 - first, kBlockN, full_begin, full_end);
-      } else {
-        mask.all_visible_block_range(wg_m0, 64, kBlockN, full_begin, full_end);
-      }
+      int full_begin, full_end, first, count;
+      real_rows(wg_m0, 64, first, count);
+      mask.all_visible_block_range(first, count, kBlockN, full_begin, full_end);
       auto all_visible = [&](int n_block) {
         return n_block >= full_begin && n_block < full_end;
       };
@@ -853,7 +847,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       }
       // Every S = Q K^T of the tile has run: Q's buffer may take the next tile's Q while the
       // last P V and the epilogue run (unless it stages O).
-      if constexpr (kQFreeAfterS) q_free.arrive();
+      if constexpr (kOSlabs) q_free.arrive();
       if constexpr (kRescaleUnderS) softmax.rescale(O);
       wait_v();
       turn_begin();
@@ -863,18 +857,18 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;
-    } else if constexpr (kQFreeAfterS) {
+    } else if constexpr (kOSlabs) {
       q_free.arrive();
     }
     for (int n = wg_begin - 1; n >= w.n_begin; --n) skip();
-  } else if constexpr (kQFreeAfterS) {
+  } else if constexpr (kOSlabs) {
     q_free.arrive();
   }
 
   float lse[kRows];
   softmax.finish(O, p.softmax_scale, lse);
   epilogue(params, storage, w, tOrO, lse);
-  if constexpr (kPersistent && !kQFreeAfterS) q_free.arrive();
+  if constexpr (kPersistent && !kOSlabs) q_free.arrive();
 }
 
 template <class ElementTag, int kHeadDim, class Config>
