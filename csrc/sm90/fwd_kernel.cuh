@@ -467,9 +467,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     } else {
       cutlass::arch::warpgroup_reg_alloc<Registers::kConsumerRegs>();
       PipelineState read_k, read_v;
-      // kAlignLastTile's closed round of first turns (see consume()): the last warp group grants
-      // warp group 0 its first, and warp group 0 takes the last warp group's last.
-      constexpr bool kRound = Config::kAlignLastTile && !kPingPong;
+      // The closed round of first turns (see consume()): the last warp group grants warp group 0
+      // its first, and warp group 0 takes the last warp group's last.
+      constexpr bool kRound = kPersistent && !kPingPong;
       if (kRound && warp_group == kConsumerWarpGroups) {
         cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0));
       }
@@ -739,14 +739,15 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   // warp groups' first GEMMs one after the other and each one's first softmax runs under the
   // next one's GEMM (they start a tile together, on one Q barrier).  A warp group that skips
   // the block's first key tile takes its turn at once, issuing nothing.
-  // kAlignLastTile closes the round: warp group 0 waits for the last one's turn of the previous
-  // tile (run() grants the first and takes the last).  A warp group whose rows all lie before
-  // the sequence has no work in its tile; without the wait, warp group 0 could then finish the
-  // next tile and arrive a second time on warp group 1's barrier before warp group 1 took its
-  // turn of the first.
+  // A persistent block closes the round: warp group 0 waits for the last one's turn of the
+  // previous tile (run() grants the first and takes the last).  Without the wait, warp group 0
+  // could finish a short tile (causal, or one where another warp group's rows lie before the
+  // sequence under kAlignLastTile) and arrive a second time on warp group 1's barrier before
+  // warp group 1 took its turn of the first; a named barrier counts arrivals, not tiles, so
+  // warp group 1's last sync would wait for an arrival that never comes.
   auto first_turn_begin = [&] {
     if constexpr (!kPingPong) {
-      if (wg > 0 || Config::kAlignLastTile) {
+      if (wg > 0 || kPersistent) {
         cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0) + wg);
       }
     }
@@ -755,7 +756,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
     if constexpr (!kPingPong) {
       if (wg + 1 < kConsumerWarpGroups) {
         cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0) + wg + 1);
-      } else if constexpr (Config::kAlignLastTile) {
+      } else if constexpr (kPersistent) {
         cutlass::arch::NamedBarrier::arrive(256, uint32_t(FwdBarrier::kSchedule0));
       }
     }
