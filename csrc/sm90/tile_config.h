@@ -60,10 +60,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // keys (at head dim 64, seqlen 512, the tiles of 192 rows cover rows [-64, 512), and no tile's
 // slowest warp group runs 4 key tiles beside one with none: 8 key tiles on the slowest warp
 // groups of a sequence rather than 9).  Whole warp groups only: one before the sequence
-// computes and stores nothing, the others read their Q 64 or 128 rows down in its buffer, and
-// the warp groups' first turns become a closed round.  Off everywhere: on at 64 the suite of a
-// hdim-64 build had 2 failures (perhaps a test that needed head dim 128) before its time limit,
-// and it has not been timed (NOTES entry 66).
+// computes and stores nothing, and the others read their Q 64 or 128 rows down in its buffer.
+// Each warp group computes the rows it would without the flag on the same key range, so out
+// and lse are bitwise the same.  On at head dim 64 (+3-4% at causal 512-1k, within 1% from 2k
+// on; NOTES entry 67); it needs kPersistent, kPerWarpGroupKeys and O staged outside Q's buffer
+// (static_asserts in fwd_kernel.cuh), which no other head dim has.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -80,7 +81,7 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr bool kPrefetchQ = true;
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
-  static constexpr bool kAlignLastTile = false;
+  static constexpr bool kAlignLastTile = true;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
