@@ -328,6 +328,11 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
       real_rows(m0, kBlockM, first, count);
       mask(p).key_block_range(first, count, kBlockN, n_begin, n_end);
     }
+    // Whether the tile's row `row` lies in the sequence (not past it, nor before it under
+    // kAlignLastTile): the rows whose O and lse are written.
+    __device__ __forceinline__ bool in_sequence(int row) const {
+      return (!Config::kAlignLastTile || m0 + row >= 0) && m0 + row < sq.extent;
+    }
     __device__ __forceinline__ MaskInfo mask(const FwdParams& p) const {
       return MaskInfo(sq.len, sk.len, p.window_left, p.window_right);
     }
@@ -894,9 +899,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
 #pragma unroll
     for (int r = 0; r < size<0>(cO); ++r) {
       const int row = get<0>(cO(r, 0));
-      if (m0 + row < w.sq.extent && (!Config::kAlignLastTile || m0 + row >= 0)) {
-        lse_out[row] = lse[r];
-      }
+      if (w.in_sequence(row)) lse_out[row] = lse[r];
     }
   }
 
@@ -968,8 +971,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::epilogue(const Params& 
   for (int i = tid % 128; i < 64 * kChunksPerRow; i += 128) {
     const int row = wg * 64 + i / kChunksPerRow;
     const int col = (i % kChunksPerRow) * 8;
-    if (m0 + row < w.sq.extent && (!Config::kAlignLastTile || m0 + row >= 0) &&
-        col < p.head_dim) {
+    if (w.in_sequence(row) && col < p.head_dim) {
       *reinterpret_cast<uint4*>(o + int64_t(row) * p.o.row_stride + col) =
           *reinterpret_cast<const uint4*>(&sO(row, col));
     }
