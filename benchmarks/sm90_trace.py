@@ -14,7 +14,8 @@ instructions; read the numbers as where the time goes, not as the kernel's speed
 
 Each shape (head dim : seqlen : causal) runs in a child process, 3 calls on the grid's problem
 (16k tokens, model dim 2048, bf16); the last call's lines are summarised as mean SM cycles per
-tile (a block's first tile left out).
+tile (a block's first tile left out, but from the fields of the key loop, which count per tile
+with a key loop).
 """
 
 import subprocess

@@ -180,6 +180,24 @@ def test_ncu_stalls_splits_the_sass_at_wgmma_waits():
         ncu_stalls.summarise('"a","b"\n"1","2"\n')
 
 
+def test_sm90_trace_means_are_per_tile_per_loop_and_per_waited_tile():
+    import sm90_trace
+    n = len(sm90_trace.FIELDS)
+    # Two warp groups: 3 + 1 tiles, of which 2 waited, 4 + 0 key loops.
+    a = [10 * (i + 1) for i in range(n)]
+    a[0], a[3], a[14] = 3, 2, 4
+    b = [0] * n
+    b[0], b[1], b[14] = 1, 40, 0
+    lines = [["TRACE", "0", "0"] + [str(x) for x in a], ["TRACE", "0", "1"] + [str(x) for x in b]]
+    out = dict(sm90_trace.summarise(lines))
+    assert len(out) == n
+    assert out["tiles"] == 4 and out["tiles with a key loop"] == 4
+    assert out["wait for the next Q"] == pytest.approx((20 + 40) / 4)  # per tile
+    assert out["Q issue -> seen, those"] == pytest.approx(50 / 2)  # per tile that waited
+    assert out["Q seen -> first S done"] == pytest.approx(120 / 4)  # per key loop
+    assert out["epilogue: store read wait"] == pytest.approx(240 / 4)
+
+
 def test_ab_prepares_revisions_and_summarises_runs(tmp_path):
     import json
     import subprocess as sp
