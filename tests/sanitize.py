@@ -8,7 +8,8 @@ Not collected by pytest (no test_ prefix); run as
         compute-sanitizer --tool $tool --error-exitcode 1 python tests/sanitize.py || echo $tool failed
     done
 
-and expect "ERROR SUMMARY: 0 errors" from each tool.
+and expect "ERROR SUMMARY: 0 errors" from each tool.  An argument keeps only the calls whose
+name contains it (`python tests/sanitize.py "hdim 256"`).
 """
 
 import os
@@ -65,6 +66,11 @@ def calls():
         kp = torch.randn(sum(lens_k), 2, 256, device="cuda", dtype=dt)
         yield "hdim 256 varlen many tiles", lambda: flash_attn_varlen_func(
             qp, kp, kp, cu_q, cu_k, 700, 700, causal=True)
+        # No mask, 3 query tiles per head, more tiles than SMs (the persistent blocks take
+        # several, all of equal work).
+        qc = torch.randn(12, 300, 4, 256, device="cuda", dtype=dt)
+        kc = torch.randn(12, 200, 2, 256, device="cuda", dtype=dt)
+        yield "hdim 256 dense many tiles", lambda: flash_attn_func(qc, kc, kc)
 
 
 def kvcache_calls(dt, d):
@@ -100,12 +106,15 @@ def kvcache_calls(dt, d):
 
 
 def main():
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
     families = kernel_families()
     assert families, "no kernel family runs on this GPU: nothing would be checked"
     os.environ["FLASH_CUDA_FAMILY_STRICT"] = "1"  # a [sm90] call must run sm90's kernel
     for family in families:
         os.environ["FLASH_CUDA_FAMILY"] = family
         for name, call in calls():
+            if only not in name:
+                continue
             call()
             torch.cuda.synchronize()
             print(f"{family} {name}: ok", flush=True)
@@ -119,6 +128,8 @@ def main():
         dt = torch.bfloat16 if "bf16" in info["dtypes"] else torch.float16
         d = min(128, max(info["head_dims"]["fwd_kvcache"]))
         for name, call in kvcache_calls(dt, d):
+            if only not in name:
+                continue
             call()
             torch.cuda.synchronize()
             print(f"{name}: ok", flush=True)

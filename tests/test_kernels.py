@@ -217,6 +217,25 @@ def test_gqa_decode_with_seqused_q():
     run_and_check(q, k, v, ours, dict(seqused_q=used, softmax_scale=d ** -0.5, causal=True))
 
 
+@pytest.mark.parametrize("d", FAST_HEAD_DIMS)
+def test_dense_seqused_query_tiles_past_the_rows(d):
+    """Dense q with seqused_q and seqused_k, no mask, 3 query tiles per head: tiles whose rows
+    all lie past seqused_q (0, 5, 129 rows used) beside tiles that are full, and a batch whose
+    rows see no key (seqused_k 0): out 0 and lse -inf there and past the used rows."""
+    dtype = DTYPES[0]
+    q = make((4, 384, 4, d), dtype)
+    k, v = (make((4, 333, 2, d), dtype) for _ in range(2))
+    used_q = torch.tensor([300, 0, 129, 5], dtype=torch.int32, device="cuda")
+    used_k = torch.tensor([333, 17, 0, 200], dtype=torch.int32, device="cuda")
+
+    def ours(q_, k_, v_):
+        return torch.ops.flash_cuda.fwd(q_, k_, v_, None, None, used_q, used_k, 384, 333,
+                                        d ** -0.5, False, -1, -1)
+
+    run_and_check(q, k, v, ours, dict(seqused_q=used_q, seqused_k=used_k,
+                                      softmax_scale=d ** -0.5), check_grad=False)
+
+
 def varlen_case(dtype, d, lens_q, lens_k, heads, heads_kv, window, causal, seqused=None):
     from flash_cuda import flash_attn_varlen_func
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
