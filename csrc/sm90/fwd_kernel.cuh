@@ -496,19 +496,6 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   }
 };
 
-// f(Int<c>{}) for the count c in [kLo, kMax] that the run-time `c` names (kMax for anything
-// above it, kLo for anything below).
-template <int kLo, int kMax, class F>
-__device__ __forceinline__ void with_count(int c, F&& f) {
-  if constexpr (kLo >= kMax) {
-    f(Int<kMax>{});
-  } else if (c <= kLo) {
-    f(Int<kLo>{});
-  } else {
-    with_count<kLo + 1, kMax>(c, f);
-  }
-}
-
 // One wgmma GEMM over the K mode of the operands, issued and committed, not waited for.
 // kZeroInit: C = A B rather than C += A B.
 template <bool kZeroInit, class TiledMma, class TensorA, class TensorB, class TensorC>
@@ -810,56 +797,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       pipeline_k.consumer_wait(read_k);
       turn_begin();
       if (lead) first_turn_begin();
-      auto first_s_issued = [&] {
-        if (lead) first_turn_end();
-        turn_end();
-      };
-      // kNarrowFirstS: the blocks of kNarrowFirstS keys of this first key tile up to the last
-      // key the warp group's rows see (at least one; the same in every lane through a shuffle).
-      constexpr int kStep = Config::kNarrowFirstS > 0 ? Config::kNarrowFirstS : kBlockN;
-      static_assert(kBlockN % kStep == 0 && kStep % 8 == 0, "kNarrowFirstS: wgmma's N steps");
-      constexpr int kKeyBlocks = kBlockN / kStep;
-      int first_kb = kKeyBlocks;
-      if constexpr (kKeyBlocks > 1) {
-        int first, count;
-        real_rows(wg_m0, 64, first, count);
-        const int last = min(first + count, mask.len_q) - 1;  // the row that sees the most keys
-        int lo, hi = 0;
-        if (last >= first) mask.visible_keys(last, lo, hi);
-        first_kb = __shfl_sync(
-            0xffffffff, min(max(flash_cuda::ceil_div(hi - n * kBlockN, kStep), 1), kKeyBlocks), 0);
-        with_count<1, kKeyBlocks>(first_kb, [&](auto kb) __attribute__((always_inline)) {
-          constexpr int kCols = decltype(kb)::value * kStep;
-          if constexpr (kCols == kBlockN) {
-            wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-            first_s_issued();
-          } else {
-            // S over the stage's first kCols keys, into accumulators of its own (a view of S's
-            // registers through a pointer put S on the stack and serialised every wgmma).
-            using TiledMmaNarrow = decltype(make_tiled_mma(
-                GMMA::ss_op_selector<Element, Element, float,
-                                     Shape<Int<kBlockM>, Int<kCols>, Int<kHeadDim>>>(),
-                WarpGroups{}));
-            TiledMmaNarrow mma_narrow;
-            Tensor sKn = local_tile(sK, Shape<Int<kCols>, Int<kHeadDim>, Int<kStages>>{},
-                                    make_coord(_0{}, _0{}, _0{}));
-            Tensor tSrKn = mma_narrow.get_slice(wg_first_thread(wg)).partition_fragment_B(sKn);
-            Tensor tSrSn = partition_fragment_C(mma_narrow, Shape<Int<kBlockM>, Int<kCols>>{});
-            wgmma_gemm<true>(mma_narrow, tSrQ, tSrKn(_, _, _, read_k.index()), tSrSn);
-            first_s_issued();
-            warpgroup_wait<0>();
-            // wgmma's accumulators hold the columns outermost: S's first kCols columns are its
-            // first size(tSrSn) registers.  The others are keys no row sees.
-            CUTE_UNROLL
-            for (int i = 0; i < size(tSrS); ++i) {
-              tSrS(i) = i < size(tSrSn) ? tSrSn(i) : -INFINITY;
-            }
-          }
-        });
-      } else {
-        wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-        first_s_issued();
-      }
+      wgmma_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+      if (lead) first_turn_end();
+      turn_end();
       if constexpr (!kPerWarpGroupKeys) {
         if (v_tail > 0) zero_v_tail();
       }
@@ -874,7 +814,7 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read_k);
       ++read_k;
-      if (!all_visible(n) || first_kb < kKeyBlocks) apply_mask(n);
+      if (!all_visible(n)) apply_mask(n);
       softmax.template step<true>(S);
       convert_into(tOrP, tSrS);
 

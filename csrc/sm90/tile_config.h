@@ -65,13 +65,6 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // and lse are bitwise the same.  On at head dim 64 (+3-4% at causal 512-1k, within 1% from 2k
 // on; NOTES entry 67); it needs kPersistent, kPerWarpGroupKeys and O staged outside Q's buffer
 // (static_asserts in fwd_kernel.cuh), which no other head dim has.
-// kNarrowFirstS (0: off): the first key tile a warp group visits (the last of its key range,
-// partial where the length is no multiple of kBlockN, and the diagonal under a causal mask)
-// runs S = Q K^T over only the keys its rows can see, rounded up to a multiple of kNarrowFirstS,
-// with a narrower wgmma (one instantiation per width, kBlockN / kNarrowFirstS of them): at head
-// dim 256 (kBlockN 80), seqlen 512 leaves 32 keys in that tile, and 48 of the 80 columns of a
-// first S that nothing overlaps were keys no row sees.  Its P V still runs over all kBlockN keys
-// (P is 0 past them): narrowed in the key loop, its wgmma were serialised.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -89,7 +82,6 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
   static constexpr bool kAlignLastTile = true;
-  static constexpr int kNarrowFirstS = 0;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -102,7 +94,6 @@ template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + 
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
   static constexpr bool kAlignLastTile = false;
-  static constexpr int kNarrowFirstS = 0;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -115,7 +106,6 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
   static constexpr bool kAlignLastTile = false;
-  static constexpr int kNarrowFirstS = 0;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -128,7 +118,6 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = false;
   static constexpr bool kAlignLastTile = false;
-  static constexpr int kNarrowFirstS = 0;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -141,7 +130,6 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = false;
   static constexpr bool kAlignLastTile = false;
-  static constexpr int kNarrowFirstS = 0;  // 16 compiles clean; untimed (NOTES entry 70)
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
