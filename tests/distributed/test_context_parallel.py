@@ -1,8 +1,14 @@
 """flash_cuda inside torch's context parallel (ring attention over a process group), forward and
 backward, against a float32 reference on the whole sequence (cp_check.py, one process per rank).
 
-- nccl, one GPU per rank: world sizes 2, 4 and 8, each skipped with fewer GPUs;
-- gloo, two ranks sharing one GPU: the same ring, run wherever one GPU is.
+- nccl, one GPU per rank: world sizes 1, 2, 4 and 8, each skipped with fewer GPUs.  World size 1
+  runs wherever one GPU is: torch still takes its ring path (the per-step lse merge, the
+  head-tail reordering under a causal mask), with no exchange.
+
+Two ranks sharing one GPU over gloo are not tested: with torch 2.11 the ring's all-gather of CUDA
+tensors over gloo dies with SIGSEGV in gloo's worker thread (gloo::allgather, from
+AsyncAllgatherCoalescedWork), with torch's own flash kernels as with flash_cuda's, under either
+rotation; nccl refuses two ranks on one device.
 
 Each case is a fresh `python cp_check.py` (its ranks spawned there) under a time limit.
 """
@@ -63,14 +69,7 @@ def _run(world, backend, case, tmp_path):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
 def test_nccl(world, case, tmp_path):
     _needs(world, CASES[case])
     _run(world, "nccl", CASES[case], tmp_path)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_gloo_ranks_share_one_gpu(case, tmp_path):
-    _needs(1, CASES[case])
-    _run(2, "gloo", CASES[case], tmp_path)
