@@ -11,9 +11,8 @@ torch's math attention computed in the low precision itself (its reductions too)
 rounding noise; "ran" says whether flash_cuda's forward and backward ops ran in the ring (so
 that torch's own flash kernels cannot pass for them).
 
-With a world size of 1 (nccl) the check runs wherever one GPU is: torch still takes its ring
-path, with no exchange.  (Two gloo ranks sharing one GPU crash inside gloo's all-gather of CUDA
-tensors with torch 2.11, torch's own flash kernels included: see test_context_parallel.py.)
+With a world size of 1 the check runs wherever one GPU is (test_context_parallel.py says why
+gloo ranks sharing one GPU are not used).
 """
 
 import json

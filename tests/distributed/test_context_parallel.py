@@ -8,7 +8,7 @@ backward, against a float32 reference on the whole sequence (cp_check.py, one pr
 Two ranks sharing one GPU over gloo are not tested: with torch 2.11 the ring's all-gather of CUDA
 tensors over gloo dies with SIGSEGV in gloo's worker thread (gloo::allgather, from
 AsyncAllgatherCoalescedWork), with torch's own flash kernels as with flash_cuda's, under either
-rotation; nccl refuses two ranks on one device.
+rotation (benchmarks/NOTES.md entry 71).
 
 Each case is a fresh `python cp_check.py` (its ranks spawned there) under a time limit.
 """
