@@ -58,6 +58,11 @@ def _run(world, backend, case, tmp_path):
     cmd = [sys.executable, str(HERE / "cp_check.py"), str(world), backend, json.dumps(full),
            str(result)]
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")  # NVLink multicast stays off
+    # The ranks import the flash_cuda this process imported (an in-place build is on sys.path
+    # here through the test's root, not in a script's process started from this directory).
+    import flash_cuda
+    root = str(Path(flash_cuda.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(result.read_text())
