@@ -192,6 +192,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   using PipelineState = typename Pipeline::PipelineState;
 
   using Buffer = cute::array_aligned<Element, cosize_v<SmemLayoutQ>>;  // Q's or O's
+  static constexpr int kWorkInts = 13;  // sizeof(Work) / 4 (checked in run())
   struct Barriers {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
@@ -200,6 +201,9 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
     cutlass::arch::ClusterTransactionBarrier barrier_q[kQBuffers];
     cutlass::arch::ClusterBarrier barrier_q_free[kQBuffers];
     int tile[kQBuffers];
+    // Config::kSharedWork: the tile's Work as the producer decoded it, per Q buffer (written
+    // before barrier_q's arrive, like `tile`).
+    int work[Config::kSharedWork ? kQBuffers : 1][Config::kSharedWork ? kWorkInts : 1];
     // kOInV: every consumer warp group's O has left V's stages (one arrive per warp group).
     cutlass::arch::ClusterBarrier barrier_o_read;
   };
@@ -240,6 +244,7 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static_assert(!(Config::kAlignLastTile && kPingPong),
                 "the turns of kPingPong count every warp group, rows before the sequence too");
   static_assert(!Config::kAlignLastTile || kPersistent, "run() closes the round of first turns");
+  static_assert(!Config::kSharedWork || kPersistent, "the producer hands out a persistent block's tiles");
   // A warp group before its sequence takes no key tile only with kPerWarpGroupKeys (without
   // it every warp group takes the block's, and the V tail's barrier counts them all).
   static_assert(!Config::kAlignLastTile || kPerWarpGroupKeys,
@@ -433,6 +438,12 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         bars.tile[b] = t;
         if (t < 0) {
           bars.barrier_q[b].arrive();
+        } else if constexpr (Config::kSharedWork) {
+          // The consumers read the tile's Work as decoded here rather than decoding it again
+          // on their path to the tile's first S; load_q's arrive releases the writes.
+          const Work w(params, t);
+          *reinterpret_cast<Work*>(bars.work[b]) = w;
+          load_q(params, storage, w, b);
         } else {
           load_q(params, storage, Work(params, t), b);
         }
@@ -485,7 +496,16 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
         bars.barrier_q[b].wait((taken / kQBuffers) & 1);
         const int t = *static_cast<volatile int*>(&bars.tile[b]);
         if (t < 0) break;
-        consume(params, storage, pipeline_k, pipeline_v, Work(params, t), b, read_k, read_v);
+        if constexpr (Config::kSharedWork) {
+          static_assert(sizeof(Work) == kWorkInts * sizeof(int), "Work fits its shared slot");
+          // The barrier's wait (an asm without a memory clobber) must not be passed by the
+          // loads of the Work the producer wrote before its arrive.
+          asm volatile("" ::: "memory");
+          const Work w = *reinterpret_cast<const Work*>(bars.work[b]);
+          consume(params, storage, pipeline_k, pipeline_v, w, b, read_k, read_v);
+        } else {
+          consume(params, storage, pipeline_k, pipeline_v, Work(params, t), b, read_k, read_v);
+        }
       }
       if (kRound && warp_group == 1) {
         cutlass::arch::NamedBarrier::sync(256, uint32_t(FwdBarrier::kSchedule0));

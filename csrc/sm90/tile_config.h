@@ -65,6 +65,11 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // and lse are bitwise the same.  On at head dim 64 (+3-4% at causal 512-1k, within 1% from 2k
 // on; NOTES entry 67); it needs kPersistent, kPerWarpGroupKeys and O staged outside Q's buffer
 // (static_asserts in fwd_kernel.cuh), which no other head dim has.
+// kSharedWork (persistent): the producer, which decodes each tile's Work (query tile, heads,
+// batch, sequence ranges, key range) to claim it, writes it to shared memory with the tile's
+// index, and the consumer warp groups read it there instead of decoding it again between Q's
+// release and their first S (~0.5k of the ~1k cycles of scalar set-up there at head dim 64,
+// NOTES entry 74).  Off everywhere (untimed: the arm of entry 74).
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
@@ -82,6 +87,7 @@ template <> struct FwdTileConfig<64> {  // 3 consumer warp groups x 160 register
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
   static constexpr bool kAlignLastTile = true;
+  static constexpr bool kSharedWork = false;
 };
 template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -94,6 +100,7 @@ template <> struct FwdTileConfig<96> {  // 2 consumer warp groups x 240: O 48 + 
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
   static constexpr bool kAlignLastTile = false;
+  static constexpr bool kSharedWork = false;
 };
 template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 + S 64 + P 32
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -106,6 +113,7 @@ template <> struct FwdTileConfig<128> {  // 2 consumer warp groups x 240: O 64 +
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = true;
   static constexpr bool kAlignLastTile = false;
+  static constexpr bool kSharedWork = false;
 };
 template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 KB
   static constexpr int kBlockM = 128, kBlockN = 96, kStages = 2;
@@ -118,6 +126,7 @@ template <> struct FwdTileConfig<192> {  // registers: O 96 + S 48 + P 24; 193 K
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = false;
   static constexpr bool kAlignLastTile = false;
+  static constexpr bool kSharedWork = false;
 };
 template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -130,6 +139,7 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr int kPrefetchQLead = 1;
   static constexpr bool kFastDivide = false;
   static constexpr bool kAlignLastTile = false;
+  static constexpr bool kSharedWork = false;
 };
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
