@@ -18,15 +18,8 @@ the last call's lines are summarised.
 import subprocess
 import sys
 
-CHILD = r'''
-import sys, torch, flash_cuda
-d, s, causal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-b, h = 16384 // s, 2048 // d
-q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-for i in range(3):
-    flash_cuda.flash_attn_func(q, k, v, causal=causal)
-    torch.cuda.synchronize()
-'''
+# The same calls as sm90_trace.py's (3 on the grid's problem for one shape).
+from sm90_trace import CHILD  # this directory is the script's sys.path[0]
 
 # The printed sums after the tile count and the count of tiles whose warp group leads the first
 # key tile, in order.
