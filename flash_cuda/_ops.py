@@ -90,7 +90,7 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequs
     return reference.output_like(q), reference.output_like(k), reference.output_like(v)
 
 
-# ---- the KV-cache op (forward only; no CUDA kernels yet) -------------------------------------
+# ---- the KV-cache op (forward only) ----------------------------------------------------------
 
 class _KvcacheArgs(NamedTuple):
     """fwd_kvcache's arguments, in its schema's order (csrc/ops/registration.cpp)."""
@@ -170,8 +170,9 @@ def _kvcache_num_splits_cpu(cache_seqlens, batch, seqlen_q, varlen_q, heads_q, h
 # ---- combine ----------------------------------------------------------------------------------
 
 def _combine(out_partial, lse_partial, out):
-    """The merge in PyTorch ops (no host sync, so also on CUDA, where there is no fused combine
-    kernel yet): each split weighs exp(lse_s - lse), a split with lse -inf nothing."""
+    """The merge in PyTorch ops (no host sync, so also on CUDA for what the fused combine
+    kernel does not take, see _fusable): each split weighs exp(lse_s - lse), a split with lse
+    -inf nothing."""
     _checks.check_combine_op(out_partial, lse_partial, out)
     merged, lse = reference_kvcache.combine_reference(out_partial, lse_partial, out.dtype)
     out.copy_(merged)

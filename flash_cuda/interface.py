@@ -148,9 +148,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     over a cache, k / v (batch, seqlen_cache, heads_kv, d), or paged (num_pages, page_size,
     heads_kv, d) with page_table (batch, pages per sequence) int32 (block_table is another name
     for it); sequence b sees the first seqused_k[b] keys of its cache row. It is
-    flash_attn_with_kvcache without new keys (max_seqlen_k is then not needed), and like it
-    runs on CPU tensors only for now. out (keyword only, q's shape and dtype) is written in place
-    and returned; it is accepted in the inference call shape only.
+    flash_attn_with_kvcache without new keys (max_seqlen_k is then not needed), on CUDA and
+    CPU tensors alike. out (keyword only, q's shape and dtype) is written in place and
+    returned; it is accepted in the inference call shape only.
     """
     if block_table is not None:
         if page_table is not None and page_table is not block_table:

@@ -225,3 +225,27 @@ def test_scheduler_metadata_fixes_the_split_count():
                                 scheduler_metadata=torch.zeros(2, 2, dtype=torch.int32))
     with pytest.raises(NotImplementedError, match="headdim_v"):
         get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, headdim_v=D // 2)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_head_major_caches_are_read_and_written_in_place(paged):
+    """Caches stored heads before rows ("HND": (B, heads, rows, d) or (pages, heads, page, d)
+    memory, passed as the transposed view) give the results of row-major ones, bit for bit, and
+    the new keys land in that memory."""
+    q, k_cache, v_cache, k, v, cos, sin = case(seqlen_q=2, n_new=2)
+    lengths = torch.tensor([5, 33], dtype=torch.int32)
+    kwargs = {}
+    if paged:
+        (k_cache, table), (v_cache, _) = _paged(k_cache, 16), _paged(v_cache, 16)
+        kwargs = {"page_table": table}
+    args = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths, causal=True,
+                return_softmax_lse=True, **kwargs)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = flash_attn_with_kvcache(q, want_k, want_v, k, v, **args)
+    hnd_k, hnd_v = (c.transpose(1, 2).contiguous() for c in (k_cache, v_cache))
+    got = flash_attn_with_kvcache(q, hnd_k.transpose(1, 2), hnd_v.transpose(1, 2), k, v, **args)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
+    torch.testing.assert_close(hnd_k.transpose(1, 2), want_k, atol=0, rtol=0)
+    torch.testing.assert_close(hnd_v.transpose(1, 2), want_v, atol=0, rtol=0)
+    assert not torch.equal(want_k, k_cache)  # the append wrote something to compare

@@ -1,8 +1,9 @@
 """flash_attn_with_kvcache on CUDA against the float32 reference of reference_kvcache.py: dense
 and paged caches (pages of 1, 3, 16, 256 rows), append with and without rotary (both layouts),
 cache_batch_idx, cache_leftpad, packed q, causal and windows, GQA, splits 1, 3 and the
-heuristic's; outputs poisoned with the dtype's NaN; the caches' new rows; a decode step captured
-in a CUDA graph and replayed with new cache_seqlens."""
+heuristic's, caches laid out heads before rows ("HND"); outputs poisoned with the dtype's NaN;
+the caches' new rows; a decode step captured in a CUDA graph and replayed with new
+cache_seqlens."""
 
 import math
 
@@ -58,7 +59,7 @@ def paged(cache, page_size, gen):
 
 def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0, 17, 280),
              n_new=1, page_size=None, rotary=None, batch_idx=False, leftpad=False,
-             varlen_q=False, causal=True, window=(-1, -1), num_splits=0, seed=0):
+             varlen_q=False, causal=True, window=(-1, -1), num_splits=0, hnd=False, seed=0):
     from flash_cuda import flash_attn_with_kvcache
     gen = torch.Generator().manual_seed(seed)
     hq, hk = heads
@@ -98,6 +99,9 @@ def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0
         k_cache, table = paged(k_cache, page_size, gen)
         v_cache = paged_like(table, page_size, v_cache)
         kwargs["page_table"] = table
+    if hnd:  # heads before rows in memory ("HND"), passed as the (rows, heads) view
+        k_cache, v_cache = (c.transpose(1, 2).contiguous().transpose(1, 2)
+                            for c in (k_cache, v_cache))
     cpu = {key: (val.cpu() if isinstance(val, torch.Tensor) else val)
            for key, val in kwargs.items()
            if key not in ("num_splits", "page_table", "max_seqlen_q")}
@@ -166,6 +170,8 @@ def test_decode_paged(dtype, page_size, num_splits):
     dict(seqlen_q=200, n_new=200, cap=600), dict(seqlen_q=130, n_new=0, causal=False, cap=600),
     dict(seqlen_q=256, n_new=256, rotary="interleaved", cap=600, heads=(8, 8)),
     dict(seqlen_q=160, n_new=160, cap=600, page_size=16),
+    # Caches laid out heads before rows, dense and paged, with an append.
+    dict(hnd=True, n_new=2, seqlen_q=2), dict(hnd=True, page_size=16, rotary="half"),
 ])
 def test_semantics(dtype, case):
     run_case(dtype, HEAD_DIMS[-1] if HEAD_DIMS else 128, **case)
