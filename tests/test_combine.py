@@ -49,14 +49,18 @@ def test_merges_to_the_attention_over_all_keys(device, boundaries, causal, windo
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_one_split_is_exact_and_unseen_rows_are_zero(device):
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_one_split_is_exact_and_unseen_rows_are_zero(device, out_dtype):
+    """One split's out is its partial rounded once to out's dtype (on CUDA, fp16 / bf16 go
+    through the fused combine kernel), its lse the partial's."""
     out_p, lse_p, _, _ = partials([0, LK], causal=True)
     lse_p[0, 1, 2] = float("-inf")  # a row the only split did not see
     out_p[0, 1, 2] = float("nan")
-    out, lse = flash_attn_combine(out_p.to(device), lse_p.to(device))
+    out, lse = flash_attn_combine(out_p.to(device), lse_p.to(device), out_dtype=out_dtype)
+    assert out.dtype == out_dtype
     keep = torch.ones(B, LQ, HQ, dtype=torch.bool)
     keep[1, 2] = False
-    torch.testing.assert_close(out.cpu()[keep], out_p[0][keep], atol=0, rtol=0)
+    torch.testing.assert_close(out.cpu()[keep], out_p[0].to(out_dtype)[keep], atol=0, rtol=0)
     torch.testing.assert_close(lse.cpu()[keep], lse_p[0][keep], atol=0, rtol=0)
     assert (out.cpu()[1, 2] == 0).all() and torch.isneginf(lse.cpu()[1, 2]).all()
 
