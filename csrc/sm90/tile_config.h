@@ -69,8 +69,10 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 // batch, sequence ranges, key range) to claim it, writes it to shared memory with the tile's
 // index, and the consumer warp groups read it there instead of decoding it again between Q's
 // release and their first S (~0.5k of the ~1k cycles of scalar set-up there at head dim 64,
-// NOTES entry 74).  On at head dim 64 (+3-5% at every point timed); at 128 it lost 0.2-4%
-// (NOTES entry 75), off there and at the head dims not timed.
+// NOTES entry 74).  On at head dim 64 (+3-5% at every point timed); off at 128, where it lost
+// 0.2-4% (NOTES entry 75; 1-2.4% again with the producer decoding each tile once, entry 76), at
+// 256, where that form won 1.5-2% at seqlen 512-1k and lost 2-2.5% at 16k (entry 76), and at the
+// head dims not timed.
 // Head dim 64 takes 3 consumer warp groups at 160 registers, and spills (NOTES gives the bytes
 // per commit): 2 warp groups at 240 registers do not spill but ran 3-14% slower (entry 44).
 // Head dim 96 takes 128's shape: at 3 x 160 registers its O, S and P left ptxas too few
