@@ -12,7 +12,12 @@ Each backend is called directly in its own layout, the inputs built outside the 
 - fa4_cute (when flash_attn.cute imports): its varlen function over the same paged cache.
 Every backend of a point is timed in turns with the others (bench_attn.py's interleaved
 timer: L2 emptied before each call), so all run under one power state. A backend that cannot
-run a point records nothing and the reason goes to the notes.
+run a point records nothing and the reason goes to the notes. The dense peers (SDPA and
+flash_cuda_fwd) are timed once per point, with the dense layout; each paged layout is timed in
+turns with flash_cuda over the dense cache (`flash_cuda_dense`, the paged / dense ratio) and
+FlashAttention-4, and its row repeats the dense peers' numbers (`peers_from: dense`). A point
+whose caches (with their paged and SDPA copies) would not fit the device's free memory is
+skipped, with a note.
 
 Bytes counted: K and V of the keys each call reads, 2 * batch * keys * heads_kv * d * 2 bytes
 (the cache rows a sequence sees), so that GB/s compare across layouts and with the device's copy
@@ -43,6 +48,10 @@ TARGET_POINTS = ((1, 8192), (1, 32768), (1, 131072), (4, 8192), (16, 8192), (64,
                  (128, 2048))
 PREFILL_CASES = ((1, 512, 8192), (1, 2048, 8192), (1, 2048, 32768), (4, 512, 32768))
 BACKENDS = ("flash_cuda", "flash_cuda_fwd", "sdpa_cudnn", "sdpa_flash", "fa4_cute")
+DENSE_PEERS = ("flash_cuda_fwd", "sdpa_cudnn", "sdpa_flash")
+# A point's peak device memory in units of one of its K / V caches: K and V, then either SDPA's
+# transposed copies of both (dense) or the pages of both plus one padded copy (paged).
+MEMORY_FACTOR = 5
 COPY_BYTES = 1 << 30
 
 
@@ -120,6 +129,11 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
         from flash_cuda import flash_attn_with_kvcache
         attempt("flash_cuda", lambda: flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, causal=True))
+        if table is not None:  # the dense cache in the same turns: paged / dense
+            attempt("flash_cuda_dense", lambda: flash_attn_with_kvcache(
+                q, k_dense, v_dense, cache_seqlens=lengths, causal=True))
+    if table is not None:
+        return calls  # the dense peers are timed with the dense layout
     if "flash_cuda_fwd" in backends and table is None:
         # The ordinary forward over the dense cache as K and V (no split of the keys): what a
         # caller without the KV-cache API gets.
@@ -241,14 +255,27 @@ def main(argv=None):
     notes, rows = [], []
     copy_gbs = copy_rate(timer)
     print(f"device copy: {copy_gbs:.0f} GB/s (read + write)", flush=True)
+    names = args.backends + (["flash_cuda_dense"] if "flash_cuda" in args.backends and
+                             any(x != "dense" for x in args.layouts) else [])
+    # The dense layout first: its peers' numbers go into the paged rows of the point.
+    layouts = sorted(args.layouts, key=lambda x: x != "dense")
     for batch, new, keys in points(args):
         for heads in args.heads:
             for hdim in args.hdims:
-                for layout in args.layouts:
+                nbytes = kv_bytes(batch, keys, heads[1], hdim, element)
+                free = torch.cuda.mem_get_info()[0]
+                if MEMORY_FACTOR * nbytes / 2 > 0.9 * free:
+                    notes.append(f"skipped b{batch} n{new} k{keys} h{heads[0]}/{heads[1]} "
+                                 f"d{hdim}: {MEMORY_FACTOR * nbytes / 2 ** 31:.1f} GiB needed, "
+                                 f"{free / 2 ** 30:.1f} free")
+                    continue
+                peers = {}
+                for layout in layouts:
                     calls = make_calls(args.backends, batch, new, keys, heads, hdim, layout,
                                        dtype, notes)
                     ms = timer(calls, len(rows)) if calls else {}
-                    nbytes = kv_bytes(batch, keys, heads[1], hdim, element)
+                    del calls
+                    torch.cuda.empty_cache()
                     row = {"batch": batch, "new": new, "keys": keys, "heads_q": heads[0],
                            "heads_kv": heads[1], "hdim": hdim, "layout": layout,
                            "us": {n: ms[n] * 1e3 for n in ms},
@@ -256,9 +283,16 @@ def main(argv=None):
                     if new > 1:
                         flops = prefill_flops(batch, new, keys, heads[0], hdim)
                         row["tflops"] = {n: flops / (ms[n] * 1e9) for n in ms}
+                    if layout == "dense":
+                        peers = {key: {n: v for n, v in row[key].items() if n in DENSE_PEERS}
+                                 for key in ("us", "gbs", "tflops") if key in row}
+                    elif peers:
+                        for key, values in peers.items():
+                            row[key].update(values)
+                        row["peers_from"] = "dense"
                     rows.append(row)
-                    print(format_row(row, args.backends), flush=True)
-    print("\n" + format_table(rows, args.backends))
+                    print(format_row(row, names), flush=True)
+    print("\n" + format_table(rows, names))
     for note in dict.fromkeys(notes):
         print("note:", note)
     if args.json:
@@ -282,6 +316,12 @@ def best_peer(row):
     return max(peers.values()) if peers else None
 
 
+def paged_over_dense(row):
+    """flash_cuda's paged GB/s over its dense GB/s timed in the same turns (paged rows)."""
+    ours, dense = row["gbs"].get("flash_cuda"), row["gbs"].get("flash_cuda_dense")
+    return ours / dense if ours and dense else None
+
+
 def format_row(row, names):
     cells = [f"{n} {row['gbs'][n]:.0f} GB/s {row['us'][n]:.1f} us" for n in names
              if n in row["gbs"]]
@@ -289,13 +329,16 @@ def format_row(row, names):
 
 
 def format_table(rows, names):
-    head = "case | " + " | ".join(f"{n} GB/s" for n in names) + " | flash_cuda / best peer"
+    head = ("case | " + " | ".join(f"{n} GB/s" for n in names) +
+            " | flash_cuda / best peer | paged / dense")
     lines = [head, "-" * len(head)]
     for row in rows:
         cells = [f"{row['gbs'][n]:.0f}" if n in row["gbs"] else "-" for n in names]
         peer, ours = best_peer(row), row["gbs"].get("flash_cuda")
         ratio = f"{ours / peer:.3f}x" if ours and peer else "-"
-        lines.append(f"{_label(row)} | " + " | ".join(cells) + f" | {ratio}")
+        paged = paged_over_dense(row)
+        lines.append(f"{_label(row)} | " + " | ".join(cells) + f" | {ratio} | " +
+                     (f"{paged:.3f}" if paged else "-"))
     return "\n".join(lines)
 
 

@@ -75,8 +75,9 @@ def calls():
 
 def kvcache_calls(dt, d):
     """Decode steps (one query row, GQA 4/1: packed) over a dense and a paged cache (pages of 3
-    in reverse order) with lengths 0, 17 and 290, unsplit, split 3 ways and by the heuristic;
-    an append of 2 keys with rotary; 5 query rows (unpacked); 200 rows (chunked prefill)."""
+    and of 16, in reverse order) with lengths 0, 17 and 290, unsplit, split 3 ways and by the
+    heuristic; an append of 2 keys with rotary; 5 query rows (unpacked); 200 rows (chunked
+    prefill)."""
     lens = torch.tensor([0, 17, 290], dtype=torch.int32, device="cuda")
     kc, vc = (torch.randn(3, 300, 1, d, device="cuda", dtype=dt) for _ in range(2))
     page = 3
@@ -84,11 +85,17 @@ def kvcache_calls(dt, d):
     kp, vp = (t.view(3 * 100, page, 1, d)[table.flatten().long().argsort()].contiguous()
               for t in (kc, vc))
     q1 = torch.randn(3, 1, 4, d, device="cuda", dtype=dt)
+    # Pages of 16 (a key tile inside one page: one lookup a tile), in reverse order.
+    table16 = torch.arange(3 * 19, dtype=torch.int32, device="cuda").flip(0).view(3, 19)
+    k16, v16 = (torch.cat([t, t[:, :4]], 1).view(3 * 19, 16, 1, d)[
+        table16.flatten().long().argsort()].contiguous() for t in (kc, vc))
     for splits in (1, 3, 0):
         yield f"kvcache dense s{splits}", lambda s=splits: flash_attn_with_kvcache(
             q1, kc, vc, cache_seqlens=lens, causal=True, num_splits=s)
         yield f"kvcache paged s{splits}", lambda s=splits: flash_attn_with_kvcache(
             q1, kp, vp, cache_seqlens=lens, page_table=table, causal=True, num_splits=s)
+        yield f"kvcache pages of 16 s{splits}", lambda s=splits: flash_attn_with_kvcache(
+            q1, k16, v16, cache_seqlens=lens, page_table=table16, causal=True, num_splits=s)
     k_new, v_new = (torch.randn(3, 2, 1, d, device="cuda", dtype=dt) for _ in range(2))
     cos, sin = torch.randn(2, 400, 16, device="cuda", dtype=dt).unbind(0)
     q2 = torch.randn(3, 2, 4, d, device="cuda", dtype=dt)

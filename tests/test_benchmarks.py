@@ -130,7 +130,10 @@ def test_decode_table_ratio_is_against_the_best_peer():
            "layout": "16", "us": {}, "gbs": {"flash_cuda": 3000.0, "sdpa_cudnn": 2000.0,
                                              "sdpa_flash": 2500.0, "flash_cuda_fwd": 9e3}}
     assert bench_decode.best_peer(row) == 2500.0  # flash_cuda's own paths are not peers
-    assert bench_decode.format_table([row], ["flash_cuda", "sdpa_cudnn"]).endswith("1.200x")
+    assert bench_decode.format_table([row], ["flash_cuda", "sdpa_cudnn"]).endswith("1.200x | -")
+    row["gbs"]["flash_cuda_dense"] = 3750.0  # timed in the same turns as the paged call
+    assert bench_decode.paged_over_dense(row) == 0.8
+    assert bench_decode.format_table([row], ["flash_cuda"]).endswith("1.200x | 0.800")
 
 
 def test_context_parallel_bench_parses_and_reports_without_a_gpu(tmp_path):

@@ -85,9 +85,10 @@ def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0
     if batch_idx:
         kwargs["cache_batch_idx"] = torch.randperm(cache_rows, generator=gen)[:batch].to(
             torch.int32).cuda()
-    if leftpad:
+    if leftpad:  # True: pads of 3, 0, 5 rows; or the pads themselves
+        pads = list(leftpad) if isinstance(leftpad, tuple) else [3, 0, 5]
         kwargs["cache_leftpad"] = torch.minimum(lens, torch.tensor(
-            [3, 0, 5][:batch], dtype=torch.int32, device="cuda"))
+            pads[:batch], dtype=torch.int32, device="cuda"))
     if varlen_q:
         q = q.flatten(0, 1)
         kwargs["cu_seqlens_q"] = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q,
@@ -152,7 +153,7 @@ def test_decode_dense(dtype, d, num_splits):
 
 
 @pytest.mark.parametrize("dtype", DTYPES[:1])
-@pytest.mark.parametrize("page_size", [1, 3, 16, 256])
+@pytest.mark.parametrize("page_size", [1, 3, 16, 64, 256])
 @pytest.mark.parametrize("num_splits", [1, 3, 0])
 def test_decode_paged(dtype, page_size, num_splits):
     run_case(dtype, HEAD_DIMS[0] if HEAD_DIMS else 64, page_size=page_size,
@@ -166,6 +167,10 @@ def test_decode_paged(dtype, page_size, num_splits):
     dict(causal=False), dict(window=(16, 0)), dict(window=(7, 3), causal=False),
     dict(heads=(4, 4)), dict(heads=(8, 1)), dict(seqlen_q=3, n_new=3, page_size=3),
     dict(rotary="half", page_size=16, num_splits=3, n_new=2, seqlen_q=2),
+    # Pages with a left pad: key tiles across a page boundary (a row's page each), and tiles
+    # inside one page at an offset (one lookup a tile).
+    dict(leftpad=True, page_size=16), dict(leftpad=(16, 0, 48), page_size=64),
+    dict(leftpad=(16, 0, 48), page_size=64, num_splits=3, lengths=(40, 200, 290)),
     # Chunked prefill: many query rows over a dense cache (the Hopper family's, where it runs).
     dict(seqlen_q=200, n_new=200, cap=600), dict(seqlen_q=130, n_new=0, causal=False, cap=600),
     dict(seqlen_q=256, n_new=256, rotary="interleaved", cap=600, heads=(8, 8)),
