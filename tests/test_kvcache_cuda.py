@@ -59,7 +59,8 @@ def paged(cache, page_size, gen):
 
 def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0, 17, 280),
              n_new=1, page_size=None, rotary=None, batch_idx=False, leftpad=False,
-             varlen_q=False, causal=True, window=(-1, -1), num_splits=0, hnd=False, seed=0):
+             varlen_q=False, causal=True, window=(-1, -1), num_splits=0, hnd=False,
+             rotary_seqlens=False, seed=0):
     from flash_cuda import flash_attn_with_kvcache
     gen = torch.Generator().manual_seed(seed)
     hq, hk = heads
@@ -82,6 +83,8 @@ def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0
         kwargs.update(rotary_cos=angles.cos().to("cuda", dtype),
                       rotary_sin=angles.sin().to("cuda", dtype),
                       rotary_interleaved=rotary == "interleaved")
+        if rotary_seqlens:  # positions of their own, 5 rows past the cache lengths
+            kwargs["rotary_seqlens"] = lens + 5
     if batch_idx:
         kwargs["cache_batch_idx"] = torch.randperm(cache_rows, generator=gen)[:batch].to(
             torch.int32).cuda()
@@ -177,9 +180,30 @@ def test_decode_paged(dtype, page_size, num_splits):
     dict(seqlen_q=160, n_new=160, cap=600, page_size=16),
     # Caches laid out heads before rows, dense and paged, with an append.
     dict(hnd=True, n_new=2, seqlen_q=2), dict(hnd=True, page_size=16, rotary="half"),
+    # Rotary positions from rotary_seqlens, not the cache lengths.
+    dict(rotary="interleaved", rotary_seqlens=True, n_new=2, seqlen_q=2),
+    dict(rotary="half", rotary_seqlens=True, page_size=16, leftpad=True),
 ])
 def test_semantics(dtype, case):
     run_case(dtype, HEAD_DIMS[-1] if HEAD_DIMS else 128, **case)
+
+
+def _uncompiled_head_dims():
+    """Multiples of 8 that no kernel is compiled for but a compiled bucket above serves."""
+    if not HEAD_DIMS:
+        return []
+    free = [d for d in range(16, HEAD_DIMS[-1], 8) if d not in HEAD_DIMS]
+    return sorted({free[0], free[len(free) // 2], free[-1]}) if free else []
+
+
+@pytest.mark.parametrize("d", _uncompiled_head_dims())
+@pytest.mark.parametrize("case", [dict(), dict(page_size=16, rotary="half", n_new=2,
+                                                 seqlen_q=2),
+                                  dict(seqlen_q=150, n_new=150, cap=600)])
+def test_head_dims_between_buckets(d, case):
+    """A head dim between the compiled ones runs in the bucket above it (padded), decode,
+    paged with an append and rotary, and a longer query."""
+    run_case(DTYPES[0], d, **case)
 
 
 @pytest.mark.parametrize("dtype", DTYPES[:1])
@@ -229,6 +253,48 @@ def test_cuda_graph_replays_with_new_lengths():
         torch.cuda.synchronize()
         want = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
         torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+def test_cuda_graph_paged_append_rotary():
+    """A decode step that appends a rotated key to a paged cache, captured and replayed with new
+    lengths: each replay writes the cache rows and gives the output an eager call gives on the
+    cache as it was before it."""
+    from flash_cuda import flash_attn_with_kvcache, get_scheduler_metadata
+    if not DTYPES:
+        pytest.skip("no CUDA kernels in this build")
+    dtype, d, page = DTYPES[0], HEAD_DIMS[-1], 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+    q, k, v = randn(2, 1, 8, d), randn(2, 1, 2, d), randn(2, 1, 2, d)
+    k_cache, v_cache = randn(2 * 32, page, 2, d), randn(2 * 32, page, 2, d)
+    table = torch.randperm(64, device="cuda", generator=gen).to(torch.int32).view(2, 32)
+    angles = torch.rand(600, 16, device="cuda", generator=gen) * 6.28
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    lens = torch.tensor([10, 100], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    meta = get_scheduler_metadata(2, 1, 512, 8, 2, d, lens, qkv_dtype=dtype, page_size=page)
+    args = dict(rotary_cos=cos, rotary_sin=sin, causal=True, page_table=table)
+
+    def step():
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, out=out,
+                                scheduler_metadata=meta, **args)
+
+    step()  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for new in ([37, 400], [0, 511]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        before = k_cache.clone(), v_cache.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        want = flash_attn_with_kvcache(q, *before, k, v, cache_seqlens=lens, **args)
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
+        torch.testing.assert_close(k_cache, before[0], atol=0, rtol=0)  # the same rows written
+        torch.testing.assert_close(v_cache, before[1], atol=0, rtol=0)
 
 
 def test_families_take_their_problems():

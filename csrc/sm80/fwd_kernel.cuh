@@ -451,7 +451,9 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const Fw
     const int page_size = p.kv.page_size;
     const int page_shift = paged && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
     const bool tile_in_page = paged && page_size % kBlockN == 0 && sk.offset % kBlockN == 0;
-    auto page_index = [&](int row) { return page_shift >= 0 ? row >> page_shift : row / page_size; };
+    auto page_index = [&](int row) {
+      return page_shift >= 0 ? row >> page_shift : row / page_size;
+    };
     int page_of[kPageRows], slot_of[kPageRows];  // the next tile to issue: page, row in page
     auto lookup = [&](int i) {
       if constexpr (kPrefetch) {
