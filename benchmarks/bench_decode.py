@@ -254,6 +254,7 @@ def main(argv=None):
     timer = bench_attn.make_timer("interleaved", args.warmup_ms, args.rep_ms)
     notes, rows = [], []
     copy_gbs = copy_rate(timer)
+    environment = bench_attn.environment()
     print(f"device copy: {copy_gbs:.0f} GB/s (read + write)", flush=True)
     names = args.backends + (["flash_cuda_dense"] if "flash_cuda" in args.backends and
                              any(x != "dense" for x in args.layouts) else [])
@@ -292,17 +293,23 @@ def main(argv=None):
                         row["peers_from"] = "dense"
                     rows.append(row)
                     print(format_row(row, names), flush=True)
+                    if args.json:  # what a run cut short has measured survives it
+                        save(args.json, environment, args, copy_gbs, rows, notes)
     print("\n" + format_table(rows, names))
     for note in dict.fromkeys(notes):
         print("note:", note)
     if args.json:
-        payload = {"environment": bench_attn.environment(), "config": vars(args),
-                   "copy_gbs": copy_gbs, "results": rows, "notes": list(dict.fromkeys(notes))}
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+        save(args.json, environment, args, copy_gbs, rows, notes)
         print(f"wrote {args.json}")
     if args.plot:
         write_plot(args.plot, rows, args.backends, copy_gbs)
+
+
+def save(path, environment, args, copy_gbs, rows, notes):
+    payload = {"environment": environment, "config": vars(args), "copy_gbs": copy_gbs,
+               "results": rows, "notes": list(dict.fromkeys(notes))}
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
 
 
 def _label(row):
