@@ -375,11 +375,24 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     if qkv_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"qkv_dtype must be torch.float16 or torch.bfloat16; got {qkv_dtype!r}.")
     left, _ = _checks.as_window(window_size)
-    splits = torch.ops.flash_cuda._kvcache_num_splits(
-        cache_seqlens, ints["batch_size"], ints["max_seqlen_q"], cu_seqlens_q is not None,
+    splits = _num_splits(
+        cache_seqlens.device, ints["batch_size"], ints["max_seqlen_q"], cu_seqlens_q is not None,
         ints["num_heads_q"], ints["num_heads_kv"], ints["headdim"], ints["max_seqlen_k"],
         qkv_dtype, left, int(num_splits), page_size is not None, cache_leftpad is not None)
     return torch.empty(splits, dtype=torch.int32, device=cache_seqlens.device)
+
+
+def _num_splits(device, *sizes):
+    """The split count of get_scheduler_metadata, a function of the sizes and the device only:
+    traced (torch.compile), it runs once at trace time and the graph holds the count."""
+    return torch.ops.flash_cuda._kvcache_num_splits(
+        torch.empty(0, dtype=torch.int32, device=device), *sizes)
+
+
+# What torch.compiler.assume_constant_result(_num_splits) does, without importing the compiler
+# (0.7 s) when flash_cuda is imported.  tests/test_kvcache.py compiles a step that calls
+# get_scheduler_metadata: a torch that marks such functions otherwise fails there.
+_num_splits._dynamo_marked_constant = True
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):

@@ -132,6 +132,28 @@ def test_decode_step_compiles_fullgraph():
     torch.testing.assert_close(k_cache, eager_k, atol=0, rtol=0)  # the compiled step wrote it
 
 
+def test_scheduler_metadata_inside_a_compiled_step():
+    """get_scheduler_metadata traced with the step: its count is a constant of the graph."""
+    from flash_cuda import get_scheduler_metadata
+    q, k_cache, v_cache, k, v, _, _ = case()
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+
+    def step(q, k_cache, v_cache, k, v):
+        meta = get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, qkv_dtype=torch.float16,
+                                      num_splits=3)
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                      causal=True, scheduler_metadata=meta)
+        return out, meta
+
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+    want, want_meta = step(q, eager_k, eager_v, k, v)
+    got, got_meta = torch.compile(step, fullgraph=True, backend="aot_eager")(
+        q, k_cache, v_cache, k, v)
+    assert got_meta.shape == want_meta.shape == (3,)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(k_cache, eager_k, atol=0, rtol=0)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_without_kvcache_kernels_says_so():
