@@ -73,6 +73,19 @@ def calls():
         yield "hdim 256 dense many tiles", lambda: flash_attn_func(qc, kc, kc)
 
 
+def reversed_pages(caches, page):
+    """(table, paged caches): dense (batch, rows, heads, d) caches in pages of `page` rows,
+    handed out in reverse order (the last rows of a partial page repeat the first ones)."""
+    batch, rows = caches[0].shape[:2]
+    per_seq = -(-rows // page)
+    table = torch.arange(batch * per_seq, dtype=torch.int32, device="cuda").flip(0)
+    table = table.view(batch, per_seq)
+    order = table.flatten().long().argsort()
+    return table, [torch.cat([t, t[:, :per_seq * page - rows]], 1)
+                   .view(batch * per_seq, page, *t.shape[2:])[order].contiguous()
+                   for t in caches]
+
+
 def kvcache_calls(dt, d):
     """Decode steps (one query row, GQA 4/1: packed) over a dense and a paged cache (pages of 3
     and of 16, in reverse order) with lengths 0, 17 and 290, unsplit, split 3 ways and by the
@@ -80,15 +93,10 @@ def kvcache_calls(dt, d):
     prefill)."""
     lens = torch.tensor([0, 17, 290], dtype=torch.int32, device="cuda")
     kc, vc = (torch.randn(3, 300, 1, d, device="cuda", dtype=dt) for _ in range(2))
-    page = 3
-    table = torch.arange(3 * 100, dtype=torch.int32, device="cuda").flip(0).view(3, 100)
-    kp, vp = (t.view(3 * 100, page, 1, d)[table.flatten().long().argsort()].contiguous()
-              for t in (kc, vc))
+    table, (kp, vp) = reversed_pages((kc, vc), 3)
+    # Pages of 16: a key tile inside one page.
+    table16, (k16, v16) = reversed_pages((kc, vc), 16)
     q1 = torch.randn(3, 1, 4, d, device="cuda", dtype=dt)
-    # Pages of 16 (a key tile inside one page: one lookup a tile), in reverse order.
-    table16 = torch.arange(3 * 19, dtype=torch.int32, device="cuda").flip(0).view(3, 19)
-    k16, v16 = (torch.cat([t, t[:, :4]], 1).view(3 * 19, 16, 1, d)[
-        table16.flatten().long().argsort()].contiguous() for t in (kc, vc))
     for splits in (1, 3, 0):
         yield f"kvcache dense s{splits}", lambda s=splits: flash_attn_with_kvcache(
             q1, kc, vc, cache_seqlens=lens, causal=True, num_splits=s)

@@ -226,6 +226,15 @@ def test_scheduler_metadata_takes_the_ops_window_rule():
     assert counts[-1] == counts[10 ** 6], counts
 
 
+def captured(step):
+    """A CUDA graph of step(), run once outside the capture first (the warm-up)."""
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def test_cuda_graph_replays_with_new_lengths():
     from flash_cuda import flash_attn_with_kvcache, get_scheduler_metadata
     if not DTYPES:
@@ -243,10 +252,7 @@ def test_cuda_graph_replays_with_new_lengths():
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True, out=out,
                                 scheduler_metadata=meta)
 
-    step()  # warm-up outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
     for new in ([37, 400], [1, 511]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
@@ -282,10 +288,7 @@ def test_cuda_graph_paged_append_rotary():
         flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, out=out,
                                 scheduler_metadata=meta, **args)
 
-    step()  # warm-up outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
     for new in ([37, 400], [0, 511]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         before = k_cache.clone(), v_cache.clone()
