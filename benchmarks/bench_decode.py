@@ -92,9 +92,11 @@ def _sdpa_backend(name):
             "sdpa_flash": SDPBackend.FLASH_ATTENTION}[name]
 
 
-def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, seed=0):
+def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, seed=0,
+               splits=()):
     """{name: no-argument call} of one point, each run once here (a backend that fails is left
-    out, its error in `notes`)."""
+    out, its error in `notes`).  `splits`: flash_cuda also as `flash_cuda_sN`, with num_splits=N
+    forced (a sweep of the split count against the heuristic's)."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
@@ -129,6 +131,10 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
         from flash_cuda import flash_attn_with_kvcache
         attempt("flash_cuda", lambda: flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, causal=True))
+        for n in splits:
+            attempt(f"flash_cuda_s{n}", lambda n=n: flash_attn_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, causal=True,
+                num_splits=n))
         if table is not None:  # the dense cache in the same turns: paged / dense
             attempt("flash_cuda_dense", lambda: flash_attn_with_kvcache(
                 q, k_dense, v_dense, cache_seqlens=lengths, causal=True))
@@ -207,6 +213,9 @@ def parse_args(argv=None):
                         help="dense and/or page sizes, e.g. dense,1,16,64,256")
     parser.add_argument("--prefill", action="store_true",
                         help="also chunked prefill: 512-2048 new tokens against 8k-32k cached")
+    parser.add_argument("--splits", type=_int_list, default=[],
+                        help="flash_cuda also with num_splits forced to each, e.g. 8,32,128 "
+                        "(columns flash_cuda_sN)")
     parser.add_argument("--dtype", choices=sorted(bench_attn.DTYPES), default="bf16")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--warmup-ms", type=float, default=25.0)
@@ -230,6 +239,10 @@ def parse_args(argv=None):
     for d in args.hdims:
         if not (8 <= d <= 256 and d % 8 == 0):
             parser.error(f"--hdims: {d} is not a multiple of 8 in 8..256")
+    if any(n < 1 for n in args.splits):
+        parser.error("--splits takes split counts >= 1")
+    if args.splits and "flash_cuda" not in args.backends:
+        parser.error("--splits times flash_cuda: name it in --backends")
     sizes = (args.batches or []) + (args.caches or [])
     if any(n < 1 for n in sizes):
         parser.error("--batches and --caches take positive sizes")
@@ -256,7 +269,7 @@ def main(argv=None):
     copy_gbs = copy_rate(timer)
     environment = bench_attn.environment()
     print(f"device copy: {copy_gbs:.0f} GB/s (read + write)", flush=True)
-    names = args.backends + (["flash_cuda_dense"] if "flash_cuda" in args.backends and
+    names = args.backends + [f"flash_cuda_s{n}" for n in args.splits] + (["flash_cuda_dense"] if "flash_cuda" in args.backends and
                              any(x != "dense" for x in args.layouts) else [])
     # The dense layout first: its peers' numbers go into the paged rows of the point.
     layouts = sorted(args.layouts, key=lambda x: x != "dense")
@@ -273,7 +286,7 @@ def main(argv=None):
                 peers = {}
                 for layout in layouts:
                     calls = make_calls(args.backends, batch, new, keys, heads, hdim, layout,
-                                       dtype, notes)
+                                       dtype, notes, splits=args.splits)
                     ms = timer(calls, len(rows)) if calls else {}
                     del calls
                     torch.cuda.empty_cache()
