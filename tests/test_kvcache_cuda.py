@@ -300,6 +300,20 @@ def test_cuda_graph_paged_append_rotary():
         torch.testing.assert_close(v_cache, before[1], atol=0, rtol=0)
 
 
+def test_internal_op_refuses_a_head_dim_that_is_not_whole_16_byte_rows():
+    """torch.ops.flash_cuda._fwd_kvcache_cuda skips the Python op's checks; its own C++ check
+    refuses a head dim of 4 (half a 16-byte row) instead of copying past the row."""
+    k_cache = torch.randn(1, 64, 2, 8, device="cuda", dtype=torch.bfloat16)[..., :4]
+    v_cache = torch.randn(1, 64, 2, 8, device="cuda", dtype=torch.bfloat16)[..., :4]
+    q = torch.randn(1, 1, 2, 4, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    lens = torch.tensor([10], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        torch.ops.flash_cuda._fwd_kvcache_cuda(
+            q, k_cache, v_cache, None, None, None, None, lens, None, None, None, None, None,
+            None, None, 0.5, False, -1, -1, True, 0, out)
+
+
 def test_families_take_their_problems():
     """On a Hopper GPU with the sm90 family built, a chunked prefill over a dense cache runs its
     forward kernel; a decode step the portable family's split kernel."""

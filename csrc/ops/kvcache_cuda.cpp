@@ -98,6 +98,13 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
   const Tensor o = rows_aligned(out) ? out : at::empty(q.sizes(), q.options());
   const int64_t batch = varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);
   const int64_t heads_q = q.size(-2), heads_kv = k_cache.size(2), head_dim = q.size(-1);
+  // The kernels copy whole 16-byte rows (8 elements); the Python op checks this too, but the
+  // internal op can be called directly.
+  TORCH_CHECK_VALUE(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 256 &&
+                        k_cache.size(-1) == head_dim && v_cache.size(-1) == head_dim,
+                    "_fwd_kvcache_cuda: the head dim of q, k_cache and v_cache must be one "
+                    "multiple of 8 between 8 and 256; got ", head_dim, ", ", k_cache.size(-1),
+                    " and ", v_cache.size(-1));
   TORCH_CHECK_VALUE(heads_kv > 0 && heads_q % heads_kv == 0, "_fwd_kvcache_cuda: the number of "
                     "heads of q (", heads_q, ") must be a multiple of the cache's (", heads_kv,
                     ") (MHA, GQA or MQA)");
