@@ -269,8 +269,9 @@ def main(argv=None):
     copy_gbs = copy_rate(timer)
     environment = bench_attn.environment()
     print(f"device copy: {copy_gbs:.0f} GB/s (read + write)", flush=True)
-    names = args.backends + [f"flash_cuda_s{n}" for n in args.splits] + (["flash_cuda_dense"] if "flash_cuda" in args.backends and
-                             any(x != "dense" for x in args.layouts) else [])
+    names = args.backends + [f"flash_cuda_s{n}" for n in args.splits]
+    if "flash_cuda" in args.backends and any(x != "dense" for x in args.layouts):
+        names.append("flash_cuda_dense")
     # The dense layout first: its peers' numbers go into the paged rows of the point.
     layouts = sorted(args.layouts, key=lambda x: x != "dense")
     for batch, new, keys in points(args):
