@@ -23,7 +23,9 @@ Bytes counted: K and V of the keys each call reads, 2 * batch * keys * heads_kv 
 (the cache rows a sequence sees), so that GB/s compare across layouts and with the device's copy
 rate, which the run also measures (a 1 GiB device-to-device copy, bytes read plus written).
 Chunked prefill: `--prefill` adds cases of 512-2048 new query tokens against 8k-32k cached
-keys (the new keys already in the cache, bottom-right causal), also in TFLOP/s.
+keys (the new keys already in the cache, bottom-right causal), also in TFLOP/s.  `--rope` adds
+flash_cuda decode steps that append the step's token with rotary embedding, the cos / sin tables
+(32k positions, as a model holds them) in the cache's dtype and in float32.
 
 Run:
     python benchmarks/bench_decode.py                          # the TARGETS.md decode points
@@ -53,6 +55,8 @@ DENSE_PEERS = ("flash_cuda_fwd", "sdpa_cudnn", "sdpa_flash")
 # transposed copies of both (dense) or the pages of both plus one padded copy (paged).
 MEMORY_FACTOR = 5
 COPY_BYTES = 1 << 30
+# Positions in the rotary tables of --rope: a model's whole table, not the cache's length.
+ROPE_POSITIONS = 32768
 
 
 def kv_bytes(batch, keys, heads_kv, hdim, element_bytes):
@@ -93,10 +97,13 @@ def _sdpa_backend(name):
 
 
 def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, seed=0,
-               splits=()):
+               splits=(), rope=False):
     """{name: no-argument call} of one point, each run once here (a backend that fails is left
     out, its error in `notes`).  `splits`: flash_cuda also as `flash_cuda_sN`, with num_splits=N
-    forced (a sweep of the split count against the heuristic's)."""
+    forced (a sweep of the split count against the heuristic's).  `rope` (decode points):
+    flash_cuda also as `flash_cuda_rope` / `flash_cuda_rope_f32`, the step's token appended to
+    the cache (its last row) and rotated with q by cos / sin tables of ROPE_POSITIONS rows in the
+    cache's dtype / in float32."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
@@ -135,6 +142,18 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
             attempt(f"flash_cuda_s{n}", lambda n=n: flash_attn_with_kvcache(
                 q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, causal=True,
                 num_splits=n))
+        if rope and new == 1:
+            angles = torch.rand(max(keys, ROPE_POSITIONS), hdim // 2, generator=gpu,
+                                device="cuda") * 6.28
+            k_new, v_new = (torch.randn(batch, 1, heads_kv, hdim, generator=gpu, device="cuda",
+                                        dtype=dtype) for _ in range(2))
+            cached = lengths - 1
+            for name, table_dtype in (("flash_cuda_rope", dtype),
+                                      ("flash_cuda_rope_f32", torch.float32)):
+                cos, sin = angles.cos().to(table_dtype), angles.sin().to(table_dtype)
+                attempt(name, lambda cos=cos, sin=sin: flash_attn_with_kvcache(
+                    q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                    cache_seqlens=cached, page_table=table, causal=True))
         if table is not None:  # the dense cache in the same turns: paged / dense
             attempt("flash_cuda_dense", lambda: flash_attn_with_kvcache(
                 q, k_dense, v_dense, cache_seqlens=lengths, causal=True))
@@ -216,6 +235,10 @@ def parse_args(argv=None):
     parser.add_argument("--splits", type=_int_list, default=[],
                         help="flash_cuda also with num_splits forced to each, e.g. 8,32,128 "
                         "(columns flash_cuda_sN)")
+    parser.add_argument("--rope", action="store_true",
+                        help="flash_cuda also with the step's token appended and rotated "
+                        "(tables in the cache's dtype and in float32: columns flash_cuda_rope, "
+                        "flash_cuda_rope_f32)")
     parser.add_argument("--dtype", choices=sorted(bench_attn.DTYPES), default="bf16")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--warmup-ms", type=float, default=25.0)
@@ -243,6 +266,8 @@ def parse_args(argv=None):
         parser.error("--splits takes split counts >= 1")
     if args.splits and "flash_cuda" not in args.backends:
         parser.error("--splits times flash_cuda: name it in --backends")
+    if args.rope and "flash_cuda" not in args.backends:
+        parser.error("--rope times flash_cuda: name it in --backends")
     sizes = (args.batches or []) + (args.caches or [])
     if any(n < 1 for n in sizes):
         parser.error("--batches and --caches take positive sizes")
@@ -270,6 +295,8 @@ def main(argv=None):
     environment = bench_attn.environment()
     print(f"device copy: {copy_gbs:.0f} GB/s (read + write)", flush=True)
     names = args.backends + [f"flash_cuda_s{n}" for n in args.splits]
+    if args.rope:
+        names += ["flash_cuda_rope", "flash_cuda_rope_f32"]
     if "flash_cuda" in args.backends and any(x != "dense" for x in args.layouts):
         names.append("flash_cuda_dense")
     # The dense layout first: its peers' numbers go into the paged rows of the point.
@@ -287,7 +314,8 @@ def main(argv=None):
                 peers = {}
                 for layout in layouts:
                     calls = make_calls(args.backends, batch, new, keys, heads, hdim, layout,
-                                       dtype, notes, splits=args.splits)
+                                       dtype, notes, splits=args.splits,
+                                       rope=args.rope)
                     ms = timer(calls, len(rows)) if calls else {}
                     del calls
                     torch.cuda.empty_cache()

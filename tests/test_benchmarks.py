@@ -88,7 +88,8 @@ import bench_decode  # noqa: E402
                                   ["--heads", "32/7"], ["--hdims", "100"],
                                   ["--batches", "1"], ["--backends", "nope"],
                                   ["--batches", "0", "--caches", "8"], ["--splits", "0"],
-                                  ["--splits", "8", "--backends", "sdpa_cudnn"]])
+                                  ["--splits", "8", "--backends", "sdpa_cudnn"],
+                                  ["--rope", "--backends", "sdpa_cudnn"]])
 def test_decode_bad_arguments_are_rejected_before_the_gpu(argv):
     with pytest.raises(SystemExit):
         bench_decode.parse_args(argv)
@@ -104,6 +105,7 @@ def test_decode_points_default_to_the_targets_and_take_a_product():
     assert len(bench_decode.points(args)) == 4 + len(bench_decode.PREFILL_CASES)
     assert args.heads == [(32, 8), (64, 64)]
     assert bench_decode.parse_args(["--splits", "8,32"]).splits == [8, 32]
+    assert bench_decode.parse_args(["--rope"]).rope and not bench_decode.parse_args([]).rope
 
 
 def test_decode_byte_and_flop_counts():
