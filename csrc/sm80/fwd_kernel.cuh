@@ -445,18 +445,42 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const Fw
     constexpr int kRowsPerPass = kPrefetch ? kThreads / kChunksPerRow : 1;
     constexpr int kPageRows = kPrefetch ? kBlockN / kRowsPerPass : 1;
     const bool paged = p.kv.page_table != nullptr;
+    // Where every key tile lies inside one page (pages of a multiple of kBlockN rows, and the
+    // sequence's keys starting on a tile boundary of its pages), a tile takes one lookup, not
+    // one per row; a power-of-2 page size divides by a shift (NOTES entry 77).
+    const int page_size = p.kv.page_size;
+    const int page_shift = paged && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+    const bool tile_in_page = paged && page_size % kBlockN == 0 && sk.offset % kBlockN == 0;
+    auto page_index = [&](int row) {
+      return page_shift >= 0 ? row >> page_shift : row / page_size;
+    };
     int page_of[kPageRows], slot_of[kPageRows];  // the next tile to issue: page, row in page
     auto lookup = [&](int i) {
       if constexpr (kPrefetch) {
         const int* pages = p.kv.page_table + int64_t(batch) * p.kv.pages_per_seq;
         const int n0 = (n_end - 1 - i) * kBlockN;
+        if (tile_in_page) {
+          const int row0 = sk.offset + n0;
+          const int index = page_index(row0);
+          const int page = i < steps ? pages[index] : 0;
+          const int slot0 = row0 - index * page_size;
 #pragma unroll
-        for (int j = 0; j < kPageRows; ++j) {
-          const int r = threadIdx.x / kChunksPerRow + j * kRowsPerPass;
-          const int row = sk.offset + n0 + r;
-          const bool valid = i < steps && n0 + r < sk.len;
-          page_of[j] = valid ? pages[row / p.kv.page_size] : 0;
-          slot_of[j] = valid ? row % p.kv.page_size : -1;
+          for (int j = 0; j < kPageRows; ++j) {
+            const int r = threadIdx.x / kChunksPerRow + j * kRowsPerPass;
+            const bool valid = i < steps && n0 + r < sk.len;
+            page_of[j] = page;
+            slot_of[j] = valid ? slot0 + r : -1;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kPageRows; ++j) {
+            const int r = threadIdx.x / kChunksPerRow + j * kRowsPerPass;
+            const int row = sk.offset + n0 + r;
+            const bool valid = i < steps && n0 + r < sk.len;
+            const int index = page_index(row);
+            page_of[j] = valid ? pages[index] : 0;
+            slot_of[j] = valid ? row - index * page_size : -1;
+          }
         }
       }
     };
@@ -476,8 +500,11 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const Fw
             const bool valid = slot_of[j] >= 0 && col < p.head_dim;
             const int64_t page = min(max(page_of[j], 0), p.kv.cache_dim0 - 1);
             const int64_t slot = max(slot_of[j], 0);
-            const Element* sk_row = bk + page * p.k.batch_stride + slot * p.k.row_stride + col;
-            const Element* sv_row = bv + page * p.v.batch_stride + slot * p.v.row_stride + col;
+            // One offset for K and V: the op takes caches of the same strides only
+            // (ops/kvcache_cuda.cpp).
+            const int64_t offset = page * p.k.batch_stride + slot * p.k.row_stride + col;
+            const Element* sk_row = bk + offset;
+            const Element* sv_row = bv + offset;
             cp_async_16(dk + Rows::offset(r, col), valid ? sk_row : bk, valid);
             cp_async_16(dv + Rows::offset(r, col), valid ? sv_row : bv, valid);
           }

@@ -216,6 +216,12 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
   if (err != cudaSuccess) return err;
   // Refused before anything is written: the grids' y and z limits.
   if (params.batch > kMaxGridZ || params.heads_q > kMaxGridZ) return cudaErrorInvalidConfiguration;
+  // The decode tiles address a page's K and V rows by one offset (ops/kvcache_cuda.cpp takes
+  // caches of the same strides only).
+  if (params.k.batch_stride != params.v.batch_stride ||
+      params.k.row_stride != params.v.row_stride) {
+    return cudaErrorInvalidValue;
+  }
   return with_kvcache_kernel<ElementTag, kHeadDim>(params, [&](auto tag) {
     using Kernel = typename decltype(tag)::type;
     const int splits = kvcache_splits<Kernel>(params, sms);
