@@ -785,7 +785,8 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::epilogue_spl
     }
 }
 
-template <class Kernel> __global__ void __launch_bounds__(Kernel::kThreads)
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, Kernel::Config::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams params) {
   extern __shared__ __align__(16) char smem_buf[];
   Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));

@@ -29,6 +29,7 @@ struct FwdTable {
   static constexpr int kMaxSmemBytes = kMaxSmemBytesSm80;
   static constexpr int kWarpsN = 1;
   static constexpr int kKvStages = 1;         // see FwdDecodeTileConfig
+  static constexpr int kMinBlocksPerSm = 0;   // see FwdDecodeTileConfig (0: no bound)
   static constexpr bool kPrefetchPages = false;  // see FwdDecodeTileConfig
   static constexpr bool kPrologueV = true;
   static constexpr bool kHasSmallTile = false;
@@ -86,6 +87,10 @@ struct FwdDecodeTileConfig : FwdTable {
   static constexpr int kKvStages = kStages;
   static constexpr bool kPrefetchPages = kPrefetch;
   static constexpr bool kCopyRows = true;
+  // Blocks an SM must hold by registers (launch bounds): up to head dim 128 more warps hide
+  // the latency the kernel is bound by (ptxas: 168 registers at 128, no spill; 128 spilled 136
+  // bytes); at 256 shared memory allows 5 blocks whatever the registers.
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 16 : kHeadDim <= 128 ? 12 : 0;
 };
 
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
