@@ -284,7 +284,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     page_size, heads_kv, d) with page_table (batch, pages per sequence) int32, any page size.
     k / v (optional): new keys and values, written into the cache in place at cache_seqlens
     (an int or an int32 (batch,) tensor of the rows already there) and then attended to, after
-    rotary embedding of them and of q when rotary_cos / rotary_sin are given. cache_batch_idx
+    rotary embedding of them and of q when rotary_cos / rotary_sin are given ((positions,
+    rotary_dim / 2); float32 or q's dtype with a unit last stride are read in place on CUDA,
+    other tables are converted to float32 on every call). cache_batch_idx
     picks cache rows, cache_leftpad skips rows at the start of each, cu_seqlens_q /
     cu_seqlens_k_new pack q and the new keys. Returns out like q, or (out, softmax_lse) with
     return_softmax_lse=True; out (keyword only, q's shape, dtype and device, contiguous last

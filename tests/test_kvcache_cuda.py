@@ -300,6 +300,50 @@ def test_cuda_graph_paged_append_rotary():
         torch.testing.assert_close(v_cache, before[1], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("seqlen_q", [1, 200])
+@pytest.mark.parametrize("table", ["q dtype", "rows apart", "float64", "strided last dim"])
+def test_rotary_tables_of_any_dtype_and_row_stride_give_the_float32_result(table, seqlen_q):
+    """The kernels read float32 and q-dtype rotary tables in place, rows at any stride, and
+    convert other tables first: each gives, bit for bit, what the same angles as a contiguous
+    float32 table give (out and the appended rows), on a decode step and a chunked prefill."""
+    from flash_cuda import flash_attn_with_kvcache
+    if not DTYPES:
+        pytest.skip("no KV-cache kernels built")
+    dtype, d = DTYPES[0], HEAD_DIMS[-1]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    half = min(d, 64) // 2
+    angles = torch.rand(1100, half, device="cuda", generator=gen) * 6.28
+    own = {"cos": angles.cos().to(dtype), "sin": angles.sin().to(dtype)}
+    if table == "q dtype":
+        tables = own
+    elif table == "rows apart":  # the table's left half; its right half NaN, never to be read
+        tables = {}
+        for name, t in own.items():
+            wide = poison(t.new_empty(t.shape[0], 2 * half))
+            wide[:, :half] = t
+            tables[name] = wide[:, :half]
+    elif table == "float64":
+        tables = {name: t.double() for name, t in own.items()}
+    else:
+        tables = {name: t.repeat_interleave(2, dim=1)[:, ::2] for name, t in own.items()}
+    q = torch.randn(2, seqlen_q, 8, d, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(2, seqlen_q, 2, d, device="cuda", dtype=dtype, generator=gen)
+            for _ in range(2))
+    caches = [torch.randn(2, 1024, 2, d, device="cuda", dtype=dtype, generator=gen)
+              for _ in range(2)]
+    lens = torch.tensor([100, 700], dtype=torch.int32, device="cuda")
+    results = []
+    for tabs in ({name: t.float() for name, t in own.items()}, tables):
+        k_cache, v_cache = (c.clone() for c in caches)
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=tabs["cos"],
+                                      rotary_sin=tabs["sin"], cache_seqlens=lens, causal=True,
+                                      rotary_interleaved=False)
+        results.append((out, k_cache, v_cache))
+    for want, got in zip(*results):
+        assert not torch.isnan(got).any()
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_internal_op_refuses_a_head_dim_that_is_not_whole_16_byte_rows():
     """torch.ops.flash_cuda._fwd_kvcache_cuda skips the Python op's checks; its own C++ check
     refuses a head dim of 4 (half a 16-byte row) instead of copying past the row."""

@@ -36,6 +36,13 @@ struct RotateQArgs {
 
 constexpr int kAppendWarps = 4;
 
+// Entry i of a cos or sin row, as float (the table holds float32 or Element).
+template <class Element>
+__device__ __forceinline__ float angle_entry(const RotaryArgs& r, const void* row, int i) {
+  return r.float_table ? static_cast<const float*>(row)[i]
+                       : static_cast<float>(static_cast<const Element*>(row)[i]);
+}
+
 // Rotates (or copies, past the rotary dims) the 8 elements at `col` of one row into `dst`:
 // `src` / `dst` point at the row's first element.
 template <class Element>
@@ -48,8 +55,11 @@ __device__ __forceinline__ void rotate_chunk(const Element* src, Element* dst, i
   }
   const int half = r.rotary_dim / 2;
   const int pos = min(max(position, 0), r.rows - 1);
-  const float* cos_row = r.cos + int64_t(pos) * half;
-  const float* sin_row = r.sin + int64_t(pos) * half;
+  const int64_t offset = int64_t(pos) * r.row_stride * (r.float_table ? 4 : sizeof(Element));
+  const void* cos_row = static_cast<const char*>(r.cos) + offset;
+  const void* sin_row = static_cast<const char*>(r.sin) + offset;
+  auto cos_at = [&](int i) { return angle_entry<Element>(r, cos_row, i); };
+  auto sin_at = [&](int i) { return angle_entry<Element>(r, sin_row, i); };
   const uint32_t* in = reinterpret_cast<const uint32_t*>(&raw);
   if (r.interleaved) {
     uint4 out;
@@ -57,7 +67,7 @@ __device__ __forceinline__ void rotate_chunk(const Element* src, Element* dst, i
 #pragma unroll
     for (int e = 0; e < 4; ++e) {  // pair (col + 2e, col + 2e + 1) uses frequency (col / 2 + e)
       const float2 x = unpack2<Element>(in[e]);
-      const float c = cos_row[col / 2 + e], s = sin_row[col / 2 + e];
+      const float c = cos_at(col / 2 + e), s = sin_at(col / 2 + e);
       o[e] = pack2<Element>(x.x * c - x.y * s, x.x * s + x.y * c);
     }
     *reinterpret_cast<uint4*>(dst + col) = out;
@@ -74,8 +84,8 @@ __device__ __forceinline__ void rotate_chunk(const Element* src, Element* dst, i
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const float2 a = unpack2<Element>(in[e]), b = unpack2<Element>(in2[e]);
-    const float c0 = cos_row[col + 2 * e], s0 = sin_row[col + 2 * e];
-    const float c1 = cos_row[col + 2 * e + 1], s1 = sin_row[col + 2 * e + 1];
+    const float c0 = cos_at(col + 2 * e), s0 = sin_at(col + 2 * e);
+    const float c1 = cos_at(col + 2 * e + 1), s1 = sin_at(col + 2 * e + 1);
     o[e] = pack2<Element>(a.x * c0 - b.x * s0, a.y * c1 - b.y * s1);
     o2[e] = pack2<Element>(a.x * s0 + b.x * c0, a.y * s1 + b.y * c1);
   }

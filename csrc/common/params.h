@@ -91,8 +91,12 @@ struct FwdParams {
 
 // Rotary embedding of a KV-cache call (flash_cuda/reference_kvcache.py states the rule).
 struct RotaryArgs {
-  const float* cos = nullptr;  // (rows, rotary_dim / 2) float32, contiguous; null: no rotary
-  const float* sin = nullptr;
+  // (rows, rotary_dim / 2) tables, float32 or q's own 16-bit type, rows `row_stride` elements
+  // apart with a unit last stride (cos and sin alike); null: no rotary.
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t row_stride = 0;
+  bool float_table = true;     // float32 elements, else q's type
   int rows = 0;
   int rotary_dim = 0;          // a multiple of 16, <= head_dim
   bool interleaved = true;     // pairs (0, 1), (2, 3), ...; else (i, i + rotary_dim / 2)

@@ -90,10 +90,13 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
   TORCH_CHECK_VALUE(!rotary_cos.has_value() ||
                         (rotary_cos->dim() == 2 && rotary_cos->size(0) > 0 &&
                          rotary_sin.has_value() && rotary_sin->sizes() == rotary_cos->sizes() &&
+                         rotary_cos->device() == q_in.device() &&
+                         rotary_sin->device() == q_in.device() &&
                          2 * rotary_cos->size(1) <= q_in.size(-1) &&
                          (2 * rotary_cos->size(1)) % 16 == 0 && k_in.has_value()),
                     "_fwd_kvcache_cuda: rotary_cos / rotary_sin must be (positions >= 1, "
-                    "rotary_dim / 2), rotary_dim a multiple of 16 within the head dim, with k");
+                    "rotary_dim / 2) on q's device, rotary_dim a multiple of 16 within the head "
+                    "dim, with k");
   const Tensor q = rows_aligned(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
   const Tensor o = rows_aligned(out) ? out : at::empty(q.sizes(), q.options());
   const int64_t batch = varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);
@@ -169,10 +172,23 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
   }
   Tensor cos, sin;
   if (rotary_cos.has_value()) {
-    cos = rotary_cos->to(at::kFloat).contiguous();
-    sin = rotary_sin->to(at::kFloat).contiguous();
-    kp.rotary.cos = cos.data_ptr<float>();
-    kp.rotary.sin = sin.data_ptr<float>();
+    // The kernels read float32 tables or q's own type in place, rows at any stride; other
+    // tables are converted here (a copy of the whole table on every call).
+    cos = *rotary_cos;
+    sin = *rotary_sin;
+    const bool own_type =
+        cos.scalar_type() == at::kFloat || cos.scalar_type() == q.scalar_type();
+    const bool in_place = own_type && sin.scalar_type() == cos.scalar_type() &&
+                          cos.stride(1) == 1 && sin.stride(1) == 1 &&
+                          cos.stride(0) == sin.stride(0);
+    if (!in_place) {
+      cos = cos.to(at::kFloat).contiguous();
+      sin = sin.to(at::kFloat).contiguous();
+    }
+    kp.rotary.cos = cos.data_ptr();
+    kp.rotary.sin = sin.data_ptr();
+    kp.rotary.row_stride = cos.stride(0);
+    kp.rotary.float_table = cos.scalar_type() == at::kFloat;
     kp.rotary.rows = static_cast<int>(cos.size(0));
     kp.rotary.rotary_dim = static_cast<int>(2 * cos.size(1));
     kp.rotary.interleaved = rotary_interleaved;
