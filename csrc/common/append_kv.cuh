@@ -55,7 +55,7 @@ __device__ __forceinline__ void rotate_chunk(const Element* src, Element* dst, i
   }
   const int half = r.rotary_dim / 2;
   const int pos = min(max(position, 0), r.rows - 1);
-  const int64_t offset = int64_t(pos) * r.row_stride * (r.float_table ? 4 : sizeof(Element));
+  const int64_t offset = int64_t(pos) * r.row_stride * (r.float_table ? sizeof(float) : sizeof(Element));
   const void* cos_row = static_cast<const char*>(r.cos) + offset;
   const void* sin_row = static_cast<const char*>(r.sin) + offset;
   auto cos_at = [&](int i) { return angle_entry<Element>(r, cos_row, i); };
