@@ -157,14 +157,6 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
         if table is not None:  # the dense cache in the same turns: paged / dense
             attempt("flash_cuda_dense", lambda: flash_attn_with_kvcache(
                 q, k_dense, v_dense, cache_seqlens=lengths, causal=True))
-    if table is not None:
-        return calls  # the dense peers are timed with the dense layout
-    if "flash_cuda_fwd" in backends and table is None:
-        # The ordinary forward over the dense cache as K and V (no split of the keys): what a
-        # caller without the KV-cache API gets.
-        from flash_cuda import flash_attn_func
-        k_used, v_used = k_dense, v_dense
-        attempt("flash_cuda_fwd", lambda: flash_attn_func(q, k_used, v_used, causal=True))
     if "fa4_cute" in backends and table is not None:
         try:
             from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
@@ -175,6 +167,14 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
                 seqused_k=lengths, page_table=table, causal=True))
         except ImportError as exc:
             notes.append(f"fa4_cute: {bench_attn._one_line(exc)}")
+    if table is not None:
+        return calls  # the dense peers are timed with the dense layout
+    if "flash_cuda_fwd" in backends and table is None:
+        # The ordinary forward over the dense cache as K and V (no split of the keys): what a
+        # caller without the KV-cache API gets.
+        from flash_cuda import flash_attn_func
+        k_used, v_used = k_dense, v_dense
+        attempt("flash_cuda_fwd", lambda: flash_attn_func(q, k_used, v_used, causal=True))
     # SDPA in its own layout: (batch, heads, seqlen, d), contiguous.
     qt = q.transpose(1, 2).contiguous()
     kt, vt = (t.transpose(1, 2).contiguous() for t in (k_dense, v_dense))

@@ -183,7 +183,8 @@ def _fusable(out_partial, out):
     """Whether flash_cuda's combine kernel takes this layout (else PyTorch operations run)."""
     if not HAS_CUDA_KERNELS or out.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if out_partial.shape[0] > _checks.KVCACHE_MAX_SPLITS or out_partial.shape[-1] % 4:
+    if (out_partial.shape[0] > _checks.KVCACHE_MAX_SPLITS or out_partial.shape[-1] % 4 or
+            out_partial.shape[-1] > _checks.MAX_HEAD_DIM):
         return False
     if out_partial.numel() == 0 or out.numel() == 0:
         return False

@@ -92,6 +92,32 @@ def test_out_is_written_in_place_in_its_dtype(device, dtype):
     assert got.dtype == dtype
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("d", [4, 72, 256, 320])
+@pytest.mark.parametrize("splits", [3, 33, 128])
+def test_cuda_kernel_over_head_dims_and_split_counts(d, splits):
+    """The CUDA combine (fp16 / bf16 out; a head dim over 256 runs PyTorch operations) against
+    the float32 merge on the CPU, on random partials with unseen splits (lse -inf, O NaN) and a
+    row no split saw, out poisoned with NaN: within one rounding of the dtype."""
+    g = torch.Generator().manual_seed(1000 * splits + d)
+    b, rows, heads = 2, 3, 5
+    out_p = torch.randn(splits, b, rows, heads, d, generator=g)
+    lse_p = 3 * torch.randn(splits, b, rows, heads, generator=g)
+    unseen = torch.rand(splits, b, rows, heads, generator=g) < 0.2
+    lse_p[unseen] = float("-inf")
+    out_p[unseen] = float("nan")
+    lse_p[:, 1, 2, 4] = float("-inf")
+    out_p[:, 1, 2, 4] = float("nan")
+    want_out, want_lse = flash_attn_combine(out_p, lse_p)
+    for dtype in (torch.float16, torch.bfloat16):
+        out = torch.full((b, rows, heads, d), float("nan"), dtype=dtype, device="cuda")
+        got, lse = flash_attn_combine(out_p.cuda(), lse_p.cuda(), out=out)
+        torch.testing.assert_close(got.cpu(), want_out.to(dtype))
+        torch.testing.assert_close(lse.cpu(), want_lse)
+        assert (got.cpu()[1, 2, 4] == 0).all() and torch.isneginf(lse.cpu()[1, 2, 4])
+
+
 def test_packed_rows():
     """(splits, total_q, heads, d): the varlen layout, rows in any order."""
     out_p, lse_p, want_out, want_lse = partials([0, 9, LK])

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/launch_api.h"
 #include "common/params.h"
 #include "common/ptx.cuh"
 #include "common/seqlen_info.cuh"
@@ -18,18 +19,27 @@ namespace flash_cuda {
 constexpr int kCombineMaxSplits = 128;
 constexpr int kCombineWarps = 4;
 
-// Grid (row blocks over seq_q.seqlen x heads, batch): one warp per (row, head) of a sequence;
-// lane l holds the lse of splits l, l + 32, ... and 4-float chunks l, l + 32 of O's row.
+// Grid of combine_kernel: one block per (row, head) of a sequence (x over seq_q.seqlen x heads),
+// y the batch.
+inline dim3 combine_grid(int64_t rows_times_heads, int batch) {
+  return dim3(unsigned(rows_times_heads), unsigned(batch));
+}
+
+// A block of kCombineWarps warps merges one (row, head): every warp weighs all splits (lane l
+// holds the lse of splits l, l + 32, ...), warp w sums the O of splits w, w + kCombineWarps, ...
+// (lane l the 4-float chunks l, l + 32 of the row), and warp 0 adds the warps' sums.  Few rows
+// (a decode step of batch 1: 32) over many splits are then spread over as many warps as the
+// splits allow, each with its loads in flight together (benchmarks/NOTES.md entry 82).
 template <class Element>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const CombineArgs a) {
+  __shared__ float4 sums[kCombineWarps - 1][kCombineMaxHeadDim / 4];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int batch = blockIdx.y;
-  const int64_t item = int64_t(blockIdx.x) * kCombineWarps + warp;
-  const int row_in_seq = int(item / a.heads);
-  const int head = int(item % a.heads);
+  const int row_in_seq = int(blockIdx.x / unsigned(a.heads));
+  const int head = int(blockIdx.x % unsigned(a.heads));
   const SeqlenInfo sq(a.seq_q, batch);
-  if (row_in_seq >= sq.extent) return;
+  if (row_in_seq >= sq.extent) return;  // the whole block: no barrier is skipped
   const int i = sq.offset + row_in_seq;  // the row in q's (packed) rows
   const SplitArgs& sp = a.split;
   const int splits = sp.num_splits;
@@ -63,32 +73,63 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Combi
 
   const float* o_row = sp.o + batch * sp.o_batch_stride + i * sp.o_row_stride +
                        head * sp.o_head_stride;
-  Element* out = static_cast<Element*>(a.o.ptr) + batch * a.o.batch_stride +
-                 int64_t(i) * a.o.row_stride + head * a.o.head_stride;
-  // Every lane runs every iteration: the weights are broadcast with shuffles.
-  for (int col0 = 0; col0 < a.head_dim; col0 += 128) {
-    const int col = col0 + lane * 4;
+  // This warp's splits of group j are 32 j + warp + kCombineWarps u, u < kPerWarp: their loads
+  // are issued before any is used.  Loads are unconditional (a branch per load keeps ptxas from
+  // grouping them): a split past the last reads the last one's O and a column past the head dim
+  // column 0, both weighed 0 or not stored.  A split of weight 0 is read but not used, since its
+  // O may hold anything.
+  constexpr int kPerWarp = 32 / kCombineWarps;
+  float4 acc[kCombineMaxHeadDim / 128];
+#pragma unroll
+  for (int c = 0; c < kCombineMaxHeadDim / 128; ++c) {
+    acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int col = c * 128 + lane * 4;
+    if (c * 128 >= a.head_dim) break;
     const bool active = col < a.head_dim;  // head dims are multiples of 8
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
-      for (int t = 0; t < 32 && 32 * j + t < splits; ++t) {
-        const float w = __shfl_sync(0xffffffff, lse_s[j], t);  // split 32 j + t's weight
-        if (!active || w == 0.f) continue;  // an unseen split's O may hold anything
-        const float4 v = *reinterpret_cast<const float4*>(
-            o_row + int64_t(32 * j + t) * sp.o_split_stride + col);
-        acc[0] += w * v.x;
-        acc[1] += w * v.y;
-        acc[2] += w * v.z;
-        acc[3] += w * v.w;
+      if (32 * j + warp >= splits) break;
+      float4 v[kPerWarp];
+#pragma unroll
+      for (int u = 0; u < kPerWarp; ++u) {
+        const int s = min(32 * j + warp + kCombineWarps * u, splits - 1);
+        v[u] = *reinterpret_cast<const float4*>(o_row + int64_t(s) * sp.o_split_stride +
+                                                (active ? col : 0));
+      }
+#pragma unroll
+      for (int u = 0; u < kPerWarp; ++u) {
+        const float w = __shfl_sync(0xffffffff, lse_s[j], warp + kCombineWarps * u);
+        if (w != 0.f) {
+          acc[c].x += w * v[u].x;
+          acc[c].y += w * v[u].y;
+          acc[c].z += w * v[u].z;
+          acc[c].w += w * v[u].w;
+        }
       }
     }
-    if (active) {
-      uint2 packed;
-      packed.x = pack2<Element>(acc[0] * inv_total, acc[1] * inv_total);
-      packed.y = pack2<Element>(acc[2] * inv_total, acc[3] * inv_total);
-      *reinterpret_cast<uint2*>(out + col) = packed;
+    if (warp > 0) sums[warp - 1][c * 32 + lane] = acc[c];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  Element* out = static_cast<Element*>(a.o.ptr) + batch * a.o.batch_stride +
+                 int64_t(i) * a.o.row_stride + head * a.o.head_stride;
+#pragma unroll
+  for (int c = 0; c < kCombineMaxHeadDim / 128; ++c) {
+    const int col = c * 128 + lane * 4;
+    if (col >= a.head_dim) break;
+    float4 t = acc[c];
+#pragma unroll
+    for (int w = 0; w < kCombineWarps - 1; ++w) {
+      const float4 o = sums[w][c * 32 + lane];
+      t.x += o.x;
+      t.y += o.y;
+      t.z += o.z;
+      t.w += o.w;
     }
+    uint2 packed;
+    packed.x = pack2<Element>(t.x * inv_total, t.y * inv_total);
+    packed.y = pack2<Element>(t.z * inv_total, t.w * inv_total);
+    *reinterpret_cast<uint2*>(out + col) = packed;
   }
   if (lane == 0) {
     a.lse.ptr[batch * a.lse.batch_stride + head * a.lse.head_stride + i] =

@@ -20,7 +20,9 @@ struct bfloat16_t;
 // aligns, to 512) and hands them to run_bwd, which lays them out and runs the op's pre- and
 // post-kernels itself.  The op layer learns no family's layout.
 // flash_attn_combine's kernel (common/combine.cu): batch x (seq_q rows, heads) rows of split
-// partials merged into a 16-bit out and a float32 lse.
+// partials merged into a 16-bit out and a float32 lse; rows of at most kCombineMaxHeadDim
+// values, a multiple of 4 (cudaErrorInvalidConfiguration otherwise).
+constexpr int kCombineMaxHeadDim = 256;
 cudaError_t run_combine(const CombineArgs& args, int batch, DType dtype, cudaStream_t stream);
 
 namespace sm80 {

@@ -268,6 +268,8 @@ Tensor combine_cuda(const Tensor& out_partial, const Tensor& lse_partial, Tensor
   for (int64_t i = 0; i + 1 < out_partial.dim(); ++i) aligned &= out_partial.stride(i) % 4 == 0;
   for (int64_t i = 0; i + 1 < out.dim(); ++i) aligned &= out.stride(i) % 4 == 0;
   TORCH_CHECK_VALUE(aligned, "_combine_cuda: rows must be 16-byte aligned");
+  TORCH_CHECK_VALUE(d <= kCombineMaxHeadDim, "_combine_cuda: the head dim must be at most ",
+                    kCombineMaxHeadDim, "; got ", d);
   const int64_t splits = out_partial.size(0);
   const int64_t batch = packed ? 1 : out_partial.size(1);
   const int64_t seqlen = out_partial.size(-3), heads = out_partial.size(-2);

@@ -70,8 +70,13 @@ template <class Kernel> int kvcache_blocks_per_sm() {
 // kMinSplitKeys keys and 2 key tiles of the cache's capacity (the lengths themselves are on the
 // GPU).  A wave's blocks are equal work here (every sequence of a step is assumed as long as the
 // capacity).  Fewer keys per split lost to the combine and the blocks' fixed costs at batch 1
-// with an 8k cache (NOTES entry 48).
+// with an 8k cache (NOTES entry 48).  Where even the most splits leave the grid short of one
+// wave (a step of few sequences), the count aims at kShortGridBlocksPerSm blocks per SM instead,
+// each split keeping kMinShortSplitKeys keys: entry 80 timed 48-64 splits of 8 blocks best at
+// 8k-128k keys on 132 SMs, the count above 6-12% slower.
 constexpr int kMinSplitKeys = 256;
+constexpr int kShortGridBlocksPerSm = 4;
+constexpr int kMinShortSplitKeys = 128;
 template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
   // Grid z is batch x splits (at most kMaxGridZ).
   if (p.batch <= 0 || p.batch > kMaxGridZ) return 1;
@@ -86,6 +91,13 @@ template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
                              kMaxGridZ / p.batch});
   if (blocks == 0 || most < 2) return 1;
   const double slots = double(sms) * kvcache_blocks_per_sm<Kernel>();
+  if (double(blocks) * most < slots) {
+    const int64_t want = (int64_t(kShortGridBlocksPerSm) * sms + blocks - 1) / blocks;
+    const int cap = std::min({int(tiles(p.kv.capacity, Kernel::kBlockN)) / 2,
+                              int(p.kv.capacity / kMinShortSplitKeys), kCombineMaxSplits,
+                              kMaxGridZ / p.batch});
+    return int(std::max<int64_t>(1, std::min<int64_t>(cap, want)));
+  }
   auto efficiency = [&](int s) {
     const double waves = double(blocks) * s / slots;
     return waves / std::ceil(waves);
@@ -201,7 +213,7 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
   c.heads = p.heads_q;
   c.head_dim = p.head_dim;
   const int64_t items = int64_t(p.seq_q.seqlen) * c.heads;
-  const dim3 blocks(unsigned((items + kCombineWarps - 1) / kCombineWarps), p.batch);
+  const dim3 blocks = combine_grid(items, p.batch);
   using Element = typename Kernel::Element;
   combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
   return cudaGetLastError();
