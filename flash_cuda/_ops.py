@@ -188,6 +188,8 @@ def _fusable(out_partial, out):
         return False
     if out_partial.numel() == 0 or out.numel() == 0:
         return False
+    if out_partial.shape[-3] * out_partial.shape[-2] > 2 ** 31 - 1:  # the kernel's grid x
+        return False
     strides_ok = all(s % 4 == 0 for s in out_partial.stride()[:-1]) and \
         all(s % 4 == 0 for s in out.stride()[:-1])
     return (strides_ok and out_partial.data_ptr() % 16 == 0 and out.data_ptr() % 8 == 0 and

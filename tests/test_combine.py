@@ -94,7 +94,7 @@ def test_out_is_written_in_place_in_its_dtype(device, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("d", [4, 72, 256, 320])
+@pytest.mark.parametrize("d", [4, 72, 200, 256, 320])
 @pytest.mark.parametrize("splits", [3, 33, 128])
 def test_cuda_kernel_over_head_dims_and_split_counts(d, splits):
     """The CUDA combine (fp16 / bf16 out; a head dim over 256 runs PyTorch operations) against
@@ -112,6 +112,7 @@ def test_cuda_kernel_over_head_dims_and_split_counts(d, splits):
     want_out, want_lse = flash_attn_combine(out_p, lse_p)
     for dtype in (torch.float16, torch.bfloat16):
         out = torch.full((b, rows, heads, d), float("nan"), dtype=dtype, device="cuda")
+        assert flash_cuda._ops._fusable(out_p.cuda(), out) == (d <= 256)  # the path under test
         got, lse = flash_attn_combine(out_p.cuda(), lse_p.cuda(), out=out)
         torch.testing.assert_close(got.cpu(), want_out.to(dtype))
         torch.testing.assert_close(lse.cpu(), want_lse)

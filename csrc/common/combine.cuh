@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Combi
     acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     const int col = c * 128 + lane * 4;
     if (c * 128 >= a.head_dim) break;
-    const bool active = col < a.head_dim;  // head dims are multiples of 8
+    const bool active = col < a.head_dim;  // head dims are multiples of 4
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       if (32 * j + warp >= splits) break;

@@ -71,9 +71,10 @@ template <class Kernel> int kvcache_blocks_per_sm() {
 // GPU).  A wave's blocks are equal work here (every sequence of a step is assumed as long as the
 // capacity).  Fewer keys per split lost to the combine and the blocks' fixed costs at batch 1
 // with an 8k cache (NOTES entry 48).  Where even the most splits leave the grid short of one
-// wave (a step of few sequences), the count aims at kShortGridBlocksPerSm blocks per SM instead,
-// each split keeping kMinShortSplitKeys keys: entry 80 timed 48-64 splits of 8 blocks best at
-// 8k-128k keys on 132 SMs, the count above 6-12% slower.
+// wave and the unsplit grid has fewer than kShortGridBlocksPerSm blocks per SM (a step of few
+// sequences), the count aims at that many blocks per SM instead, each split keeping
+// kMinShortSplitKeys keys: entries 80 and 82 timed 64 splits of 8 blocks (batch 1) and 17 of 32
+// (batch 4) faster than the count above, on 132 SMs.
 constexpr int kMinSplitKeys = 256;
 constexpr int kShortGridBlocksPerSm = 4;
 constexpr int kMinShortSplitKeys = 128;
@@ -91,7 +92,7 @@ template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
                              kMaxGridZ / p.batch});
   if (blocks == 0 || most < 2) return 1;
   const double slots = double(sms) * kvcache_blocks_per_sm<Kernel>();
-  if (double(blocks) * most < slots) {
+  if (double(blocks) * most < slots && blocks < int64_t(kShortGridBlocksPerSm) * sms) {
     const int64_t want = (int64_t(kShortGridBlocksPerSm) * sms + blocks - 1) / blocks;
     const int cap = std::min({int(tiles(p.kv.capacity, Kernel::kBlockN)) / 2,
                               int(p.kv.capacity / kMinShortSplitKeys), kCombineMaxSplits,
@@ -237,6 +238,10 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
   return with_kvcache_kernel<ElementTag, kHeadDim>(params, [&](auto tag) {
     using Kernel = typename decltype(tag)::type;
     const int splits = kvcache_splits<Kernel>(params, sms);
+    // The combine's grid x is one block per (row, head) of a sequence.
+    if (splits > 1 && int64_t(params.seq_q.seqlen) * params.heads_q > 0x7fffffff) {
+      return cudaErrorInvalidConfiguration;
+    }
     const KvcacheWorkspace w = kvcache_workspace<ElementTag, kHeadDim>(kp, splits);
     char* base = static_cast<char*>(workspace);
     Element* q_rot = w.q_bytes > 0 ? reinterpret_cast<Element*>(base) : nullptr;
