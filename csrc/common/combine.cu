@@ -9,7 +9,7 @@ namespace flash_cuda {
 cudaError_t run_combine(const CombineArgs& args, int batch, DType dtype, cudaStream_t stream) {
   const int64_t items = int64_t(args.seq_q.seqlen) * args.heads;
   if (items == 0 || batch == 0) return cudaSuccess;
-  if (batch > 65535 || items > 0x7fffffff || args.split.num_splits < 1 ||
+  if (batch > 65535 || items > kCombineMaxRows || args.split.num_splits < 1 ||
       args.split.num_splits > kCombineMaxSplits || args.head_dim % 4 != 0 ||
       args.head_dim > kCombineMaxHeadDim) {
     return cudaErrorInvalidConfiguration;

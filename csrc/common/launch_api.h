@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/params.h"
 
@@ -21,8 +22,10 @@ struct bfloat16_t;
 // post-kernels itself.  The op layer learns no family's layout.
 // flash_attn_combine's kernel (common/combine.cu): batch x (seq_q rows, heads) rows of split
 // partials merged into a 16-bit out and a float32 lse; rows of at most kCombineMaxHeadDim
-// values, a multiple of 4 (cudaErrorInvalidConfiguration otherwise).
+// values, a multiple of 4, and at most kCombineMaxRows (seq_q rows x heads) per sequence, its
+// grid's x (cudaErrorInvalidConfiguration otherwise).
 constexpr int kCombineMaxHeadDim = 256;
+constexpr int64_t kCombineMaxRows = 0x7fffffff;
 cudaError_t run_combine(const CombineArgs& args, int batch, DType dtype, cudaStream_t stream);
 
 namespace sm80 {

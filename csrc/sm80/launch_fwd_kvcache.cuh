@@ -238,8 +238,7 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
   return with_kvcache_kernel<ElementTag, kHeadDim>(params, [&](auto tag) {
     using Kernel = typename decltype(tag)::type;
     const int splits = kvcache_splits<Kernel>(params, sms);
-    // The combine's grid x is one block per (row, head) of a sequence.
-    if (splits > 1 && int64_t(params.seq_q.seqlen) * params.heads_q > 0x7fffffff) {
+    if (splits > 1 && int64_t(params.seq_q.seqlen) * params.heads_q > kCombineMaxRows) {
       return cudaErrorInvalidConfiguration;
     }
     const KvcacheWorkspace w = kvcache_workspace<ElementTag, kHeadDim>(kp, splits);
