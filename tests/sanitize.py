@@ -90,7 +90,7 @@ def kvcache_calls(dt, d):
     """Decode steps (one query row, GQA 4/1: packed) over a dense and a paged cache (pages of 3
     and of 16, in reverse order) with lengths 0, 17 and 290, unsplit, split 3 ways and by the
     heuristic; an append of 2 keys with rotary; 5 query rows (unpacked); 200 rows (chunked
-    prefill)."""
+    prefill over a dense cache and over pages of 3)."""
     lens = torch.tensor([0, 17, 290], dtype=torch.int32, device="cuda")
     kc, vc = (torch.randn(3, 300, 1, d, device="cuda", dtype=dt) for _ in range(2))
     table, (kp, vp) = reversed_pages((kc, vc), 3)
@@ -118,6 +118,10 @@ def kvcache_calls(dt, d):
     q200 = torch.randn(1, 200, 4, d, device="cuda", dtype=dt)
     yield "kvcache prefill", lambda: flash_attn_with_kvcache(
         q200, kl, vl, k200, v200, cache_seqlens=300, causal=True)
+    # Chunked prefill over pages of 3 (gathered into dense rows on the Hopper family).
+    q200b = torch.randn(3, 200, 4, d, device="cuda", dtype=dt)
+    yield "kvcache paged prefill", lambda: flash_attn_with_kvcache(
+        q200b, kp, vp, cache_seqlens=lens, page_table=table, causal=True)
 
 
 def main():

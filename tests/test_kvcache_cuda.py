@@ -178,6 +178,14 @@ def test_decode_paged(dtype, page_size, num_splits):
     dict(seqlen_q=200, n_new=200, cap=600), dict(seqlen_q=130, n_new=0, causal=False, cap=600),
     dict(seqlen_q=256, n_new=256, rotary="interleaved", cap=600, heads=(8, 8)),
     dict(seqlen_q=160, n_new=160, cap=600, page_size=16),
+    # Chunked prefill whose keys the Hopper family gathers into dense rows first: pages of 1,
+    # 3 and 256, cache_batch_idx, leftpad, heads before rows, windows, packed q.
+    dict(seqlen_q=160, n_new=160, cap=600, page_size=1),
+    dict(seqlen_q=150, n_new=0, cap=600, page_size=3, causal=False),
+    dict(seqlen_q=130, n_new=130, cap=600, batch_idx=True),
+    dict(seqlen_q=140, n_new=140, cap=600, leftpad=(16, 0, 48), page_size=64, rotary="half"),
+    dict(seqlen_q=136, n_new=136, cap=600, hnd=True, page_size=16, window=(64, 0)),
+    dict(seqlen_q=144, n_new=144, cap=600, varlen_q=True, page_size=256, heads=(8, 1)),
     # Caches laid out heads before rows, dense and paged, with an append.
     dict(hnd=True, n_new=2, seqlen_q=2), dict(hnd=True, page_size=16, rotary="half"),
     # Rotary positions from rotary_seqlens, not the cache lengths.
@@ -358,14 +366,19 @@ def test_internal_op_refuses_a_head_dim_that_is_not_whole_16_byte_rows():
             None, None, 0.5, False, -1, -1, True, 0, out)
 
 
+def _hopper_kvcache():
+    import flash_cuda
+    info = flash_cuda.build_info()
+    return torch.cuda.get_device_capability() == (9, 0) and "fwd_kvcache" in \
+        info["family_info"].get("sm90", {}).get("ops", [])
+
+
 def test_families_take_their_problems():
     """On a Hopper GPU with the sm90 family built, a chunked prefill over a dense cache runs its
-    forward kernel; a decode step the portable family's split kernel."""
-    import flash_cuda
+    forward kernel, and over pages gathers the keys for it; a decode step runs the portable
+    family's split kernel."""
     from flash_cuda import flash_attn_with_kvcache
-    info = flash_cuda.build_info()
-    if torch.cuda.get_device_capability() != (9, 0) or "fwd_kvcache" not in \
-            info["family_info"].get("sm90", {}).get("ops", []):
+    if not _hopper_kvcache():
         pytest.skip("needs an sm90 GPU and the sm90 family's KV-cache units")
     dtype, d = DTYPES[0], HEAD_DIMS[-1]
     k_cache = torch.randn(2, 1024, 2, d, device="cuda", dtype=dtype)
@@ -382,3 +395,54 @@ def test_families_take_their_problems():
     assert "sm90" in kernels(256)
     names = kernels(1)
     assert "sm80" in names and "combine" in names
+    # Paged keys: gathered into dense rows, then the same forward.
+    pages, table = paged(k_cache, 16, torch.Generator().manual_seed(0))
+    q = torch.randn(2, 256, 8, d, device="cuda", dtype=dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        flash_attn_with_kvcache(q, pages, paged_like(table, 16, v_cache), cache_seqlens=lens,
+                                page_table=table, causal=True)
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events())
+    assert "gather_kv" in names and "sm90" in names
+
+
+def test_prefill_over_a_page_table_wider_than_one_gather():
+    """A page table of many unused columns (as servers size them, for the longest sequence)
+    makes each sequence's gathered keys too large for one gather of the whole batch: the Hopper
+    family then gathers and runs a sequence at a time, bitwise equal to the narrow table's call;
+    a table wider still goes to the portable family, still exact."""
+    from flash_cuda import flash_attn_with_kvcache
+    dtype, d = DTYPES[0], HEAD_DIMS[-1]
+    gen = torch.Generator().manual_seed(3)
+    batch, cap, page = 3, 512, 256
+    k_cache = torch.randn(batch, cap, 2, d, generator=gen).to("cuda", dtype)
+    v_cache = torch.randn(batch, cap, 2, d, generator=gen).to("cuda", dtype)
+    pages, table = paged(k_cache, page, gen)
+    v_pages = paged_like(table, page, v_cache)
+    q = torch.randn(batch, 200, 8, d, generator=gen).to("cuda", dtype)
+    lens = torch.tensor([0, 300, 512], dtype=torch.int32, device="cuda")
+
+    def run(columns):
+        wide = torch.zeros(batch, columns, dtype=torch.int32, device="cuda")  # unused: page 0
+        wide[:, :table.shape[1]] = table
+        out = poison(torch.empty_like(q))
+        got, lse = flash_attn_with_kvcache(q, pages, v_pages, cache_seqlens=lens, page_table=wide,
+                                           causal=True, out=out, return_softmax_lse=True)
+        torch.cuda.synchronize()
+        return got, lse
+
+    narrow = run(table.shape[1])
+    # 2 x rows x 2 heads x d x 2 bytes a sequence: over a quarter of the 512 MiB a gather holds
+    # at 300k rows (d 128), and over all of it at 1.1M.
+    rows_one_seq = (1 << 28) // (8 * d) + 1
+    def close(got):
+        assert not torch.isnan(got[0]).any()
+        assert (got[0].float() - narrow[0].float()).abs().max().item() < 2e-2
+        assert (got[1] - narrow[1]).abs().max().item() < 1e-3
+
+    chunked = run(-(-rows_one_seq // page))
+    if _hopper_kvcache():  # the same forward over the same gathered rows
+        assert torch.equal(chunked[0], narrow[0]) and torch.equal(chunked[1], narrow[1])
+    else:  # the portable family: a split count of its own for each table width
+        close(chunked)
+    close(run(-(-4 * rows_one_seq // page)))
