@@ -31,10 +31,12 @@ constexpr int kKvcacheMinQueryRows = 128;
 // prefill's many query rows make cheap next to its GEMMs (benchmarks/NOTES.md entry 85).  Only
 // rows below each length are written: the forward's keys past seqused are masked, and V's rows
 // there zeroed (Note [Keys past the sequence] in sm90/fwd_kernel.cuh).  The lengths live on the
-// GPU, so the buffer holds `capacity` rows a sequence; batches whose buffer would pass
-// kGatherMaxBytes go in chunks of sequences (a gather and a forward each), and a sequence
-// larger than that alone goes to the portable family, which reads pages in place.
-constexpr size_t kGatherMaxBytes = size_t(512) << 20;
+// GPU, so the buffer holds `capacity` rows a sequence (a page table's width times the page
+// size): batches whose buffer would pass kGatherMaxBytes go in chunks of sequences (a gather
+// and a forward each) while a chunk's query tiles fill half the GPU; a call whose chunks would
+// not, or whose sequences are over kGatherMaxBytes each, goes to the portable family, which
+// reads pages in place with no buffer.
+constexpr size_t kGatherMaxBytes = size_t(256) << 20;
 constexpr int kGatherRows = 32;  // cache rows per block of the gather
 constexpr int kGatherThreads = 256;
 
@@ -152,7 +154,8 @@ inline FwdParams kvcache_as_forward(const KvcacheParams& kp, int* lengths, void*
 
 // Sequences [first, first + count) of a forward problem whose keys were gathered to k / v: its
 // per-sequence pointers moved to `first` (packed rows keep theirs: cu_seqlens hold absolute
-// offsets, and a packed tensor's batch stride is 0).
+// offsets, and a packed tensor's batch stride is 0).  p.kv's arrays stay the whole batch's:
+// the forward reads none of them.
 template <class Element>
 FwdParams gathered_chunk(FwdParams p, int first, int count, void* k, void* v) {
   auto at = [&](TensorRef t) {
@@ -177,8 +180,15 @@ template <class ElementTag, int kHeadDim> bool fwd_kvcache_supports(const Kvcach
   if (p.split.num_splits > 1 || p.seq_q.seqlen < kKvcacheMinQueryRows) return false;
   if (gathers_keys(p.kv)) {
     // The gathered rows are TMA's (dense, aligned); the cache itself is read by the gather.
-    return gathered_bytes_per_seq<Element>(p) <= kGatherMaxBytes &&
-           fwd_supports<ElementTag, kHeadDim>(gathered_chunk<Element>(
+    if (gathered_bytes_per_seq<Element>(p) > kGatherMaxBytes) return false;
+    const int chunk = gather_chunk<Element>(p);
+    int sms = 0;
+    if (chunk < p.batch && (sm_count(&sms) != cudaSuccess ||
+                            int64_t(chunk) * tiles(p.seq_q.seqlen, 128) * p.heads_q < sms / 2)) {
+      cudaGetLastError();
+      return false;
+    }
+    return fwd_supports<ElementTag, kHeadDim>(gathered_chunk<Element>(
                kvcache_as_forward(kp, nullptr, nullptr), 0, p.batch, nullptr, nullptr));
   }
   if (p.kv.cache_dim0 < p.batch) return false;
