@@ -443,7 +443,7 @@ def test_prefill_over_a_page_table_wider_than_one_gather():
     def close(got):
         assert not torch.isnan(got[0]).any()
         assert (got[0].float() - narrow[0].float()).abs().max().item() < 2e-2
-        assert (got[1] - narrow[1]).abs().max().item() < 1e-3
+        assert max_err(got[1], narrow[1]) < 1e-3  # -inf where a row sees no key, in both
 
     # A sequence's gathered K and V, 2 x rows x 2 heads x d x 2 bytes, just over 2^27 bytes:
     # over half of the 256 MiB a gather holds, so one sequence a gather; 4x that, over all of it.

@@ -22,7 +22,7 @@
 namespace flash_cuda::sm80 {
 
 template <class ElementTag, int kHeadDim>
-using KvcacheKernel = FwdKernel<ElementTag, kHeadDim, FwdTileConfig<kHeadDim>, true>;
+using KvcacheKernel = FwdKernel<ElementTag, kHeadDim, FwdKvcacheTileConfig<kHeadDim>, true>;
 template <class ElementTag, int kHeadDim>
 using KvcacheKernelSmall = FwdKernel<ElementTag, kHeadDim, FwdTileConfigSmall<kHeadDim>, true>;
 template <class ElementTag, int kHeadDim>

@@ -93,6 +93,29 @@ struct FwdDecodeTileConfig : FwdTable {
   static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 16 : kHeadDim <= 128 ? 12 : 0;
 };
 
+// The KV-cache forward's tiles beyond decode (chunked prefill, longer queries): the forward's
+// tile with two stages of key tiles in flight and a paged table read a step ahead (Note
+// [Staged key tiles]), where its warps do not split the keys (kWarpsN == 1) and two stages
+// keep the block within the 99 KB of an sm86 block: head dim 96 as the forward, 64 with 64-key
+// tiles (128 would need 110 KB), 128 with 32-key tiles (64 would need 104 KB).  One stage looked each key row's page up as its
+// copy was issued (NOTES entry 84).
+template <int kHeadDim>
+struct FwdKvcacheTileConfig : FwdTileConfig<kHeadDim> {
+  static constexpr int kKvStages =
+      FwdTileConfig<kHeadDim>::kWarpsN == 1 && kHeadDim <= 96 ? 2 : 1;
+  static constexpr bool kPrefetchPages = kKvStages > 1;
+};
+template <> struct FwdKvcacheTileConfig<64> : FwdTileConfig<64> {
+  static constexpr int kBlockN = 64;
+  static constexpr int kKvStages = 2;
+  static constexpr bool kPrefetchPages = true;
+};
+template <> struct FwdKvcacheTileConfig<128> : FwdTileConfig<128> {
+  static constexpr int kBlockN = 32;
+  static constexpr int kKvStages = 2;
+  static constexpr bool kPrefetchPages = true;
+};
+
 // Backward: a block owns kBlockN keys and walks the query tiles of kBlockM rows that see them.
 // Each of its five GEMMs splits over the warps in its own layout (warps along the first dim x
 // the rest): S = Q K^T and dP = dO V^T (kSdpWarpsM), dV += P^T dO and dK += dS^T Q
