@@ -97,8 +97,8 @@ struct FwdDecodeTileConfig : FwdTable {
 // tile with two stages of key tiles in flight and a paged table read a step ahead (Note
 // [Staged key tiles]), where its warps do not split the keys (kWarpsN == 1) and two stages
 // keep the block within the 99 KB of an sm86 block: head dim 96 as the forward, 64 with 64-key
-// tiles (128 would need 110 KB), 128 with 32-key tiles (64 would need 104 KB).  One stage looked each key row's page up as its
-// copy was issued (NOTES entry 84).
+// tiles (128 would need 110 KB), 128 with 32-key tiles (64 would need 104 KB).  One stage looked
+// each key row's page up as its copy was issued (NOTES entry 84).
 template <int kHeadDim>
 struct FwdKvcacheTileConfig : FwdTileConfig<kHeadDim> {
   static constexpr int kKvStages =

@@ -248,7 +248,9 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const FwdParams whole = kvcache_as_forward(kp, lengths, q_rot);
-  if (!gathers_keys(kp.fwd.kv)) return run_fwd<ElementTag, kHeadDim>(whole, forward_workspace, stream);
+  if (!gathers_keys(kp.fwd.kv)) {
+    return run_fwd<ElementTag, kHeadDim>(whole, forward_workspace, stream);
+  }
 
   char* k_rows = base + w.lengths + w.q + w.forward;
   char* v_rows = k_rows + w.gathered / 2;
@@ -267,8 +269,8 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
     if (grid.x > 0) gather_kv_kernel<Element><<<grid, kGatherThreads, 0, stream>>>(g);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    err = run_fwd<ElementTag, kHeadDim>(gathered_chunk<Element>(whole, first, count, k_rows, v_rows),
-                                        forward_workspace, stream);
+    err = run_fwd<ElementTag, kHeadDim>(
+        gathered_chunk<Element>(whole, first, count, k_rows, v_rows), forward_workspace, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
