@@ -30,8 +30,9 @@ DIRECTIONS = ("fwd", "bwd", "fwd_kvcache")
 FAMILIES = {
     # TMA + wgmma + warp specialisation (csrc/sm90/); forward only: the backward of a Hopper
     # GPU runs on the portable family, fed by this family's out and lse.  Its KV-cache units
-    # take chunked prefill (through its forward; paged keys gathered into dense rows first);
-    # the rest runs on sm80.
+    # take chunked prefill (through a variant of its forward that reads cache rows and pages of
+    # whole key tiles in place; other keys gathered into dense rows first); the rest runs on
+    # sm80.
     "sm90": {"min_arch": 90, "max_arch": 100, "arch_enum": "kSm90", "arch_specific": True,
              "directions": ("fwd", "fwd_kvcache")},
     # mma.sync + cp.async: runs on every GPU from Ampere on (later ones through its PTX).

@@ -163,7 +163,8 @@ torch.library.register_kernel("flash_cuda::fwd_kvcache", "cuda", _fwd_kvcache_cu
 
 @torch.library.register_kernel("flash_cuda::_kvcache_num_splits", "cpu")
 def _kvcache_num_splits_cpu(cache_seqlens, batch, seqlen_q, varlen_q, heads_q, heads_kv,
-                            head_dim, capacity, dtype, window_left, num_splits, paged, leftpad):
+                            head_dim, capacity, dtype, window_left, num_splits, page_size,
+                            leftpad):
     return min(max(1, num_splits), _checks.KVCACHE_MAX_SPLITS)  # the reference never splits
 
 

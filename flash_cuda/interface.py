@@ -376,11 +376,15 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
                          f"{ints['headdim']}.")
     if qkv_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"qkv_dtype must be torch.float16 or torch.bfloat16; got {qkv_dtype!r}.")
+    if page_size is not None and _checks.as_int("page_size", page_size) < 1:
+        raise ValueError(f"page_size must be at least 1 (or None: no pages); got {page_size}.")
     left, _ = _checks.as_window(window_size)
     splits = _num_splits(
         cache_seqlens.device, ints["batch_size"], ints["max_seqlen_q"], cu_seqlens_q is not None,
         ints["num_heads_q"], ints["num_heads_kv"], ints["headdim"], ints["max_seqlen_k"],
-        qkv_dtype, left, int(num_splits), page_size is not None, cache_leftpad is not None)
+        qkv_dtype, left, int(num_splits),
+        0 if page_size is None else _checks.as_int("page_size", page_size),
+        cache_leftpad is not None)
     return torch.empty(splits, dtype=torch.int32, device=cache_seqlens.device)
 
 

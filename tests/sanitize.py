@@ -90,7 +90,7 @@ def kvcache_calls(dt, d):
     """Decode steps (one query row, GQA 4/1: packed) over a dense and a paged cache (pages of 3
     and of 16, in reverse order) with lengths 0, 17 and 290, unsplit, split 3 ways and by the
     heuristic; an append of 2 keys with rotary; 5 query rows (unpacked); 200 rows (chunked
-    prefill over a dense cache and over pages of 3)."""
+    prefill over a dense cache, over pages of 3 and of 256, and under cache_batch_idx)."""
     lens = torch.tensor([0, 17, 290], dtype=torch.int32, device="cuda")
     kc, vc = (torch.randn(3, 300, 1, d, device="cuda", dtype=dt) for _ in range(2))
     table, (kp, vp) = reversed_pages((kc, vc), 3)
@@ -122,6 +122,15 @@ def kvcache_calls(dt, d):
     q200b = torch.randn(3, 200, 4, d, device="cuda", dtype=dt)
     yield "kvcache paged prefill", lambda: flash_attn_with_kvcache(
         q200b, kp, vp, cache_seqlens=lens, page_table=table, causal=True)
+    # Pages of 256 rows (whole key tiles up to head dim 128): read in place on the Hopper family.
+    table256, (k256, v256) = reversed_pages((kc, vc), 256)
+    yield "kvcache paged prefill in place", lambda: flash_attn_with_kvcache(
+        q200b, k256, v256, cache_seqlens=lens, page_table=table256, causal=True)
+    # cache_batch_idx (rows 4, 0, 2 of 5): read in place on the Hopper family.
+    kb, vb = (torch.randn(5, 300, 1, d, device="cuda", dtype=dt) for _ in range(2))
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    yield "kvcache batch_idx prefill", lambda: flash_attn_with_kvcache(
+        q200b, kb, vb, cache_seqlens=lens, cache_batch_idx=idx, causal=True)
 
 
 def main():

@@ -247,6 +247,8 @@ def test_scheduler_metadata_fixes_the_split_count():
                                 scheduler_metadata=torch.zeros(2, 2, dtype=torch.int32))
     with pytest.raises(NotImplementedError, match="headdim_v"):
         get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, headdim_v=D // 2)
+    with pytest.raises(ValueError, match="page_size must be at least 1"):
+        get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, page_size=0)
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -60,7 +60,7 @@ def paged(cache, page_size, gen):
 def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0, 17, 280),
              n_new=1, page_size=None, rotary=None, batch_idx=False, leftpad=False,
              varlen_q=False, causal=True, window=(-1, -1), num_splits=0, hnd=False,
-             rotary_seqlens=False, seed=0):
+             rotary_seqlens=False, poison_tail=False, seed=0):
     from flash_cuda import flash_attn_with_kvcache
     gen = torch.Generator().manual_seed(seed)
     hq, hk = heads
@@ -99,6 +99,12 @@ def run_case(dtype, d, *, batch=3, seqlen_q=1, heads=(8, 2), cap=300, lengths=(0
         kwargs["max_seqlen_q"] = seqlen_q
     ref_k, ref_v = k_cache.float().cpu(), v_cache.float().cpu()  # the dense reference caches
     lowp_k, lowp_v = k_cache.cpu(), v_cache.cpu()
+    if poison_tail:  # cache rows past each sequence's keys hold NaN: none may reach out
+        for b in range(batch):
+            c = int(kwargs["cache_batch_idx"][b]) if "cache_batch_idx" in kwargs else b
+            end = int(lens[b]) + (n_new or 0)
+            k_cache[c, end:] = float("nan")
+            v_cache[c, end:] = float("nan")
     if page_size is not None:
         k_cache, table = paged(k_cache, page_size, gen)
         v_cache = paged_like(table, page_size, v_cache)
@@ -175,14 +181,16 @@ def test_decode_paged(dtype, page_size, num_splits):
     dict(leftpad=True, page_size=16), dict(leftpad=(16, 0, 48), page_size=64),
     dict(leftpad=(16, 0, 48), page_size=64, num_splits=3, lengths=(40, 200, 290)),
     # Chunked prefill: many query rows (the Hopper family's, where it runs).
-    dict(seqlen_q=200, n_new=200, cap=600), dict(seqlen_q=130, n_new=0, causal=False, cap=600),
+    dict(seqlen_q=200, n_new=200, cap=600, poison_tail=True),
+    dict(seqlen_q=130, n_new=0, causal=False, cap=600),
     dict(seqlen_q=256, n_new=256, rotary="interleaved", cap=600, heads=(8, 8)),
     dict(seqlen_q=160, n_new=160, cap=600, page_size=16),
-    # Chunked prefill whose keys the Hopper family gathers into dense rows first: pages of 1,
-    # 3 and 256, cache_batch_idx, leftpad, heads before rows, windows, packed q.
-    dict(seqlen_q=160, n_new=160, cap=600, page_size=1),
+    # Chunked prefill over pages, under cache_batch_idx, after leftpads, heads before rows,
+    # windows, packed q (at the largest head dim: the Hopper family gathers all but the dense
+    # and cache_batch_idx rows into dense rows first).
+    dict(seqlen_q=160, n_new=160, cap=600, page_size=1, poison_tail=True),
     dict(seqlen_q=150, n_new=0, cap=600, page_size=3, causal=False),
-    dict(seqlen_q=130, n_new=130, cap=600, batch_idx=True),
+    dict(seqlen_q=130, n_new=130, cap=600, batch_idx=True, poison_tail=True),
     dict(seqlen_q=140, n_new=140, cap=600, leftpad=(16, 0, 48), page_size=64, rotary="half"),
     dict(seqlen_q=136, n_new=136, cap=600, hnd=True, page_size=16, window=(64, 0)),
     dict(seqlen_q=144, n_new=144, cap=600, varlen_q=True, page_size=256, heads=(8, 1)),
@@ -366,6 +374,21 @@ def test_internal_op_refuses_a_head_dim_that_is_not_whole_16_byte_rows():
             None, None, 0.5, False, -1, -1, True, 0, out)
 
 
+@pytest.mark.parametrize("case", [
+    dict(page_size=128), dict(page_size=256, varlen_q=True), dict(page_size=256, n_new=0,
+                                                                  causal=False),
+    dict(page_size=128, window=(100, 0), heads=(8, 1)), dict(batch_idx=True, rotary="half"),
+    dict(page_size=256, hnd=True, rotary="interleaved"),
+])
+@pytest.mark.parametrize("d", [d for d in (64, 96, 128) if d in HEAD_DIMS] or HEAD_DIMS[:1])
+def test_prefill_reads_the_cache_in_place(case, d):
+    """Chunked prefill at the head dims of 128-key tiles (64, 96, 128) over pages of whole key
+    tiles and under cache_batch_idx, which the Hopper family reads in place (no gather), with
+    NaN in every cache row past a sequence's keys."""
+    run_case(DTYPES[0], d, **{"seqlen_q": 160, "n_new": 160, "cap": 600, "poison_tail": True,
+                              **case})
+
+
 def _hopper_kvcache():
     """Whether a chunked prefill runs on the Hopper family here (none of the knobs that send it
     elsewhere is set)."""
@@ -380,8 +403,8 @@ def _hopper_kvcache():
 
 def test_families_take_their_problems():
     """On a Hopper GPU with the sm90 family built, a chunked prefill over a dense cache runs its
-    forward kernel, and over pages gathers the keys for it; a decode step runs the portable
-    family's split kernel."""
+    forward kernel, over small pages gathers the keys for it and over pages of whole key tiles
+    reads them in place; a decode step runs the portable family's split kernel."""
     from flash_cuda import flash_attn_with_kvcache
     if not _hopper_kvcache():
         pytest.skip("needs an sm90 GPU and the sm90 family's KV-cache units")
@@ -409,6 +432,17 @@ def test_families_take_their_problems():
         torch.cuda.synchronize()
     names = " ".join(e.name for e in prof.events())
     assert "gather_kv" in names and "sm90::fwd_kernel" in names
+    # Pages of whole key tiles at head dim 128 (a 128-key tile): read in place, no gather.
+    if 128 in HEAD_DIMS:
+        k128 = torch.randn(2, 1024, 2, 128, device="cuda", dtype=dtype)
+        pages, table = paged(k128, 256, torch.Generator().manual_seed(0))
+        q = torch.randn(2, 256, 8, 128, device="cuda", dtype=dtype)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            flash_attn_with_kvcache(q, pages, paged_like(table, 256, k128), cache_seqlens=lens,
+                                    page_table=table, causal=True)
+            torch.cuda.synchronize()
+        names = " ".join(e.name for e in prof.events())
+        assert "gather_kv" not in names and "CacheKeysConfig" in names
 
 
 def test_prefill_over_a_page_table_wider_than_one_gather():
@@ -420,7 +454,7 @@ def test_prefill_over_a_page_table_wider_than_one_gather():
     from flash_cuda import flash_attn_with_kvcache
     dtype, d = DTYPES[0], HEAD_DIMS[-1]
     gen = torch.Generator().manual_seed(3)
-    batch, cap, page = 3, 512, 256
+    batch, cap, page = 3, 512, 64  # smaller than a key tile: gathered at every head dim
     k_cache = torch.randn(batch, cap, 2, d, generator=gen).to("cuda", dtype)
     v_cache = torch.randn(batch, cap, 2, d, generator=gen).to("cuda", dtype)
     pages, table = paged(k_cache, page, gen)

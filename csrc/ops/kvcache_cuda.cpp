@@ -213,7 +213,7 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
 int64_t kvcache_num_splits(const Tensor& cache_seqlens, int64_t batch, int64_t seqlen_q,
                            bool varlen_q, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
                            int64_t capacity, at::ScalarType dtype, int64_t window_left,
-                           int64_t num_splits, bool paged, bool leftpad) {
+                           int64_t num_splits, int64_t page_size, bool leftpad) {
   const c10::cuda::CUDAGuard guard(cache_seqlens.device());
   auto as_int = [](int64_t v, const char* name) {
     TORCH_CHECK_VALUE(v >= 0 && v <= std::numeric_limits<int>::max(), "get_scheduler_metadata: ",
@@ -224,10 +224,12 @@ int64_t kvcache_num_splits(const Tensor& cache_seqlens, int64_t batch, int64_t s
   FwdParams& p = kp.fwd;
   p.batch = as_int(batch, "batch_size");
   p.seq_q.seqlen = as_int(seqlen_q, "max_seqlen_q");
-  // Only whether q is packed, the cache paged or left-padded matters here: markers, never read.
+  // Only whether q is packed, the cache paged (and its page size: the Hopper family reads
+  // pages of whole key tiles in place) or left-padded matters here: markers, never read.
   static int marker = 0;
   p.seq_q.cu_seqlens = varlen_q ? &marker : nullptr;
-  p.kv.page_table = paged ? &marker : nullptr;
+  p.kv.page_table = page_size > 0 ? &marker : nullptr;
+  p.kv.page_size = as_int(page_size, "page_size");
   p.kv.leftpad = leftpad ? &marker : nullptr;
   p.kv.cache_dim0 = p.batch;  // a row (or pages) for every sequence
   p.heads_q = as_int(heads_q, "num_heads_q");

@@ -143,7 +143,7 @@ TORCH_LIBRARY(flash_cuda, m) {
   m.def(
       "_kvcache_num_splits(Tensor cache_seqlens, int batch, int seqlen_q, bool varlen_q, "
       "int heads_q, int heads_kv, int head_dim, int capacity, ScalarType dtype, "
-      "int window_left, int num_splits, bool paged, bool leftpad) -> int");
+      "int window_left, int num_splits, int page_size, bool leftpad) -> int");
   // flash_attn_combine's fused CUDA kernel for partials laid out as it needs (internal: call
   // combine instead, which checks the rules and picks it).
   m.def("_combine_cuda(Tensor out_partial, Tensor lse_partial, Tensor(a!) out) -> Tensor");

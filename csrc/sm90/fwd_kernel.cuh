@@ -138,6 +138,8 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma's shapes");
   static constexpr bool kPingPong = Config::kPingPong;
   static constexpr bool kPersistent = Config::kPersistent;
+  // K and V read from a KV cache in place (CacheKeysConfig, Note [Keys in place]).
+  static constexpr bool kCacheKeys = reads_cache_keys<Config>::value;
   // kPingPong's turns need every warp group on every key tile.
   static constexpr bool kPerWarpGroupKeys = Config::kPerWarpGroupKeys && !kPingPong;
   static constexpr bool kRescaleUnderS = Config::kRescaleUnderS;
@@ -353,6 +355,11 @@ template <class ElementTag, int kHeadDim_, class Config_> struct FwdKernel {
   static __device__ void load(const Params& params, SharedStorage& storage, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, const Work& w, PipelineState& write,
                               int q_at, IssueQ&& issue_q, BeforeV&& before_v);
+  template <class IssueQ, class BeforeV>
+  static __device__ void load_from_cache(const Params& params, SharedStorage& storage,
+                                         Pipeline& pipeline_k, Pipeline& pipeline_v,
+                                         const Work& w, PipelineState& write, int q_at,
+                                         IssueQ&& issue_q, BeforeV&& before_v);
   // w's Q into buffer b, on its barrier (a plain arrive for a tile without a visible key).
   static __device__ void load_q(const Params& params, SharedStorage& storage, const Work& w,
                                 int b);
@@ -549,6 +556,10 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(
     issue_q();
     return;
   }
+  if constexpr (kCacheKeys) {
+    load_from_cache(params, storage, pipeline_k, pipeline_v, w, write, q_at, issue_q, before_v);
+    return;
+  }
   const FwdParams& p = params.problem;
   const bool varlen_k = p.seq_k.cu_seqlens != nullptr;
   Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);  // (rows, d, heads, batch)
@@ -606,6 +617,111 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load(
     load_k(n);
     load_v(n);
   }
+}
+
+// load() of the kernel that reads a KV cache in place (Note [Keys in place] in
+// sm90/launch_fwd_kvcache.cuh): K / V tiles in the cache row cache_batch_idx picks, or in the
+// page a sequence's page table names; a dense cache (or dense rows) as load() reads them.
+template <class ElementTag, int kHeadDim, class Config>
+template <class IssueQ, class BeforeV>
+__device__ void FwdKernel<ElementTag, kHeadDim, Config>::load_from_cache(
+    const Params& params, SharedStorage& storage, Pipeline& pipeline_k, Pipeline& pipeline_v,
+    const Work& w, PipelineState& write, int q_at, IssueQ&& issue_q, BeforeV&& before_v) {
+  const FwdParams& p = params.problem;
+  const KvCacheArgs& kv = p.kv;
+  const bool varlen_k = p.seq_k.cu_seqlens != nullptr;
+  // K / V of a KV cache read in place (Note [Keys in place]): a cache row of their own
+  // (cache_batch_idx), or pages of whole key tiles, the tensor's batch then a page.
+  const int k_batch = kv.batch_idx != nullptr
+                          ? min(max(kv.batch_idx[w.batch], 0), kv.cache_dim0 - 1)
+                          : (varlen_k ? 0 : w.batch);
+  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);  // (rows, d, heads, batch)
+  Tensor mV = params.tma_v.get_tma_tensor(params.shape_k);
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});  // (N, D, stage)
+  // K's and V's (N, D) tiles in rows of `batch` (a sequence, a cache row or a page) and the
+  // stages, partitioned for TMA: (copy, tile) and (copy, stage).
+  auto k_part = [&](int batch) {
+    Tensor gK = local_tile(
+        domain_offset(make_coord(w.sk.offset, _0{}), mK(_, _, w.head_kv, batch)),
+        select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
+    return tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                         group_modes<0, 2>(gK));
+  };
+  auto v_part = [&](int batch) {
+    Tensor gV = local_tile(
+        domain_offset(make_coord(w.sk.offset, _0{}), mV(_, _, w.head_kv, batch)),
+        select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
+    return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                         group_modes<0, 2>(gV));
+  };
+  // Plain variables, not structured bindings: the lambdas below capture them.
+  auto tK = k_part(k_batch);
+  auto tV = v_part(k_batch);
+  Tensor tKgK = get<0>(tK);
+  Tensor tKsK = get<1>(tK);
+  Tensor tVgV = get<0>(tV);
+  Tensor tVsV = get<1>(tV);
+  // Rows and columns outside the tensor arrive as zeros (TMA's bounds); rows of the next
+  // packed sequence arrive as they are and are masked (Note [Hopper forward pipeline]).
+  // The first K goes first: its stage is free before Q's buffer is.
+  // Each waits until the consumers released the stage, then arms its full barrier with the
+  // bytes.  `where(n)` finds key tile n (its page, read before the wait for a free stage) and
+  // `at(where(n), n)` gives its K and V source tiles.
+  auto loads = [&](auto&& where, auto&& at) {
+    auto load_k = [&](int place, int n) {
+      pipeline_k.producer_acquire(write);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), get<0>(at(place, n)),
+           tKsK(_, write.index()));
+    };
+    auto load_v = [&](int place, int n) {
+      pipeline_v.producer_acquire(write);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), get<1>(at(place, n)),
+           tVsV(_, write.index()));
+      ++write;
+    };
+    // The key tiles before q_at, q_at with the Q issue between its K and V, then the rest:
+    // the loops themselves carry no test for the Q.
+    // Not unrolled: unrolled, the producer's copies of the loops cost the kernel spills (472 /
+    // 500 bytes at head dim 128).
+    int n = w.n_end - 1;
+#pragma unroll 1
+    for (; n > q_at; --n) {
+      const int place = where(n);
+      load_k(place, n);
+      load_v(place, n);
+    }
+    const int place = where(n);
+    load_k(place, n);
+    issue_q();
+    before_v();
+    load_v(place, n);
+#pragma unroll 1
+    for (--n; n >= w.n_begin; --n) {
+      const int place = where(n);
+      load_k(place, n);
+      load_v(place, n);
+    }
+  };
+  if constexpr (pages_in_place(kBlockN)) {
+    if (kv.page_table != nullptr) {
+      // Key tile n is tile n mod page_tiles of page page_table[b][n / page_tiles].
+      const int page_tiles = max(kv.page_size / kBlockN, 1);
+      const int* page_row = kv.page_table + int64_t(w.batch) * kv.pages_per_seq;
+      loads(
+          [&](int n) {
+            return min(max(page_row[min(n / page_tiles, kv.pages_per_seq - 1)], 0),
+                       kv.cache_dim0 - 1);
+          },
+          [&](int page, int n) {
+            return make_tuple(get<0>(k_part(page))(_, n % page_tiles),
+                              get<0>(v_part(page))(_, n % page_tiles));
+          });
+      return;
+    }
+  }
+  loads([](int) { return 0; },
+        [&](int, int n) { return make_tuple(tKgK(_, n), tVgV(_, n)); });
 }
 
 template <class ElementTag, int kHeadDim, class Config>
@@ -732,8 +848,11 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::consume(const Params& p
   // tile, at the same instruction (bar.sync is .aligned), before any wgmma reads the stage:
   // at the tile's start with kPerWarpGroupKeys (whose warp groups' paths differ later), else
   // under the first S = Q K^T, outside the turns.  So the key loop carries no zeroing code.
+  // Paged, every row past the keys in the last tile is the page's own (Note [Keys in place]).
   const int v_tail =
-      min(w.n_end * kBlockN, int(get<0>(params.shape_k)) - w.sk.offset) - w.sk.len;
+      kCacheKeys && pages_in_place(kBlockN) && params.problem.kv.page_table != nullptr
+          ? w.n_end * kBlockN - w.sk.len
+          : min(w.n_end * kBlockN, int(get<0>(params.shape_k)) - w.sk.offset) - w.sk.len;
   auto zero_v_tail = [&] {
     pipeline_v.consumer_wait(read_v);  // the first key tile's V
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});

@@ -31,8 +31,10 @@ template <class Element> bool tma_addressable(const TensorRef& t) {
          ok(t.batch_stride);
 }
 
-template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams& p) {
-  using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
+// The launch steps for a kernel type: fwd_supports_for, fwd_workspace_bytes_for and
+// run_fwd_for serve FwdKernelFor (run_fwd and its kin, below) and the KV-cache units' kernel
+// that reads the cache in place (sm90/launch_fwd_kvcache.cuh).
+template <class Kernel> bool fwd_supports_for(const FwdParams& p) {
   using Element = typename Kernel::Element;
   if (!tma_addressable<Element>(p.q) || !tma_addressable<Element>(p.k) ||
       !tma_addressable<Element>(p.v)) {
@@ -47,15 +49,14 @@ template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams& p) 
 }
 
 // The tile counter of the persistent kernel's dynamic schedule.
-template <class ElementTag, int kHeadDim> size_t fwd_workspace_bytes(const FwdParams&) {
-  return FwdKernelFor<ElementTag, kHeadDim>::kPersistent ? sizeof(int) : 0;
+template <class Kernel> size_t fwd_workspace_bytes_for(const FwdParams&) {
+  return Kernel::kPersistent ? sizeof(int) : 0;
 }
 
-template <class ElementTag, int kHeadDim>
-cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stream) {
+template <class Kernel>
+cudaError_t run_fwd_for(const FwdParams& problem, void* workspace, cudaStream_t stream) {
   // A GQA decode step reads its keys once per group (common/gqa_pack.h).
   const FwdParams p = packed_view(problem);
-  using Kernel = FwdKernelFor<ElementTag, kHeadDim>;
   using Element = typename Kernel::Element;
   const unsigned m_tiles = tiles(p.seq_q.seqlen, Kernel::kBlockM);
   // No query rows (then out and lse are empty too): nothing to write.
@@ -85,8 +86,23 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
                         tma_store_o ? make_stride(p.o.row_stride, _1{}, p.o.head_stride,
                                                   p.o.batch_stride)
                                     : mQ.stride());
-  auto mK = gmem(p.k, p.seq_k, p.heads_kv);
-  auto mV = gmem(p.v, p.seq_k, p.heads_kv);
+  // A KV cache read in place (Note [Keys in place] in sm90/launch_fwd_kvcache.cuh): K and V are
+  // the cache, whose dimension 0 is a cache row (cache_batch_idx picks one per sequence) or a
+  // page of page_size rows.
+  auto cache = [&](const TensorRef& t) {
+    const int rows = p.kv.page_table != nullptr ? p.kv.page_size : std::max(p.seq_k.seqlen, 1);
+    // (A cache of no rows may have a null pointer: the descriptor then sits, unused, on Q's.)
+    const void* base = t.ptr != nullptr ? t.ptr : p.q.ptr;
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base)),
+                       make_shape(rows, p.head_dim, p.heads_kv, p.kv.cache_dim0),
+                       make_stride(t.row_stride, _1{}, t.head_stride, t.batch_stride));
+  };
+  bool in_cache = false;
+  if constexpr (Kernel::kCacheKeys) {
+    in_cache = p.kv.page_table != nullptr || p.kv.batch_idx != nullptr;
+  }
+  auto mK = in_cache ? cache(p.k) : gmem(p.k, p.seq_k, p.heads_kv);
+  auto mV = in_cache ? cache(p.v) : gmem(p.v, p.seq_k, p.heads_kv);
   typename Kernel::Params params{
       make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kernel::SmemLayoutQ{},
                     select<0, 2>(typename Kernel::TileShapeQK{}), _1{}),
@@ -95,7 +111,7 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
       make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Kernel::SmemLayoutKV{}),
                     select<1, 2>(typename Kernel::TileShapeQK{}), _1{}),
       make_tma_copy(SM90_TMA_STORE{}, mO, typename Kernel::SmemLayoutOSlab{},
-                    Shape<_64, Int<kHeadDim>>{}, _1{}),
+                    Shape<_64, Int<Kernel::kHeadDim>>{}, _1{}),
       tma_store_o,
       mQ.shape(),
       mK.shape(),
@@ -142,6 +158,19 @@ cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stre
   }
   return launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes, stream,
                           params);
+}
+
+template <class ElementTag, int kHeadDim> bool fwd_supports(const FwdParams& p) {
+  return fwd_supports_for<FwdKernelFor<ElementTag, kHeadDim>>(p);
+}
+
+template <class ElementTag, int kHeadDim> size_t fwd_workspace_bytes(const FwdParams& p) {
+  return fwd_workspace_bytes_for<FwdKernelFor<ElementTag, kHeadDim>>(p);
+}
+
+template <class ElementTag, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& problem, void* workspace, cudaStream_t stream) {
+  return run_fwd_for<FwdKernelFor<ElementTag, kHeadDim>>(problem, workspace, stream);
 }
 
 }  // namespace flash_cuda::sm90

@@ -1,10 +1,11 @@
 // The Hopper family's attention over a KV cache: the problems whose queries are many (a chunked
 // prefill), which are the sm90 forward's problems once the new keys are in the cache: the
 // append and q's rotation (common/append_kv.cuh), each sequence's key count as seqused, then
-// sm90::run_fwd (its own unit: this one compiles no attention kernel).  Keys that are not plain
-// rows of a dense cache (pages, cache_batch_idx, leftpad) are first gathered into dense rows of
-// the workspace (Note [Gathered keys]).  Decode steps and forced splits go to the portable
-// family, whose kernel splits the keys.
+// the forward kernel in its variant that reads the cache in place (CacheKernelFor, compiled in
+// this unit): a dense cache, one under cache_batch_idx, pages of whole key tiles (Note [Keys in
+// place]).  Other keys (smaller pages, leftpad) are first gathered into dense rows of the
+// workspace (Note [Gathered keys]).  Decode steps and forced splits go to the portable family,
+// whose kernel splits the keys.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,21 +17,29 @@
 #include "common/launch.cuh"
 #include "common/launch_api.h"
 #include "common/seqlen_info.cuh"
+#include "sm90/launch_fwd.cuh"
+#include "sm90/tile_config.h"
 
 namespace flash_cuda::sm90 {
+
+// The forward this launcher runs: the forward's tiles, K and V read from the cache in place
+// where Note [Keys in place] allows (compiled in the KV-cache units, apart from the forward's).
+template <class ElementTag, int kHeadDim>
+using CacheKernelFor = FwdKernel<ElementTag, kHeadDim, CacheKeysConfig<FwdTileConfig<kHeadDim>>>;
 
 // Query rows from which a problem runs here.
 constexpr int kKvcacheMinQueryRows = 128;
 
 // Note [Gathered keys]
-// The forward reads K and V by TMA, as dense rows (row, head, batch) of one tensor.  A paged
-// cache, a cache_batch_idx or a leftpad puts a sequence's keys elsewhere, so for those problems
-// a copy kernel first gathers each sequence's keys (rows leftpad .. its length, in cache order)
-// into dense rows of the workspace, (batch, capacity, heads_kv, d) for K and the same for V, and
-// the forward runs over them.  The copy reads and writes K and V once more, which a chunked
-// prefill's many query rows make cheap next to its GEMMs (benchmarks/NOTES.md entry 85).  Only
-// rows below each length are written: the forward's keys past seqused are masked, and V's rows
-// there zeroed (Note [Keys past the sequence] in sm90/fwd_kernel.cuh).  The lengths live on the
+// The forward reads K and V by TMA, as rows (row, head, batch) of one tensor.  Pages smaller
+// than a key tile and a leftpad put a sequence's keys where it cannot read them in place (Note
+// [Keys in place]), so for those problems a copy kernel first gathers each sequence's keys
+// (rows leftpad .. its length, in cache order) into dense rows of the workspace, (batch,
+// capacity, heads_kv, d) for K and the same for V, and the forward runs over them.  The copy
+// reads and writes K and V once more, which a chunked prefill's many query rows make cheap
+// next to its GEMMs (benchmarks/NOTES.md entry 85).  Only rows below each length are written:
+// the forward's keys past seqused are masked, and V's rows there zeroed (Note [Hopper forward
+// pipeline] in sm90/fwd_kernel.cuh).  The lengths live on the
 // GPU, so the buffer holds `capacity` rows a sequence (a page table's width times the page
 // size): batches whose buffer would pass kGatherMaxBytes go in chunks of sequences (a gather
 // and a forward each) while a chunk's query tiles fill half the GPU; a call whose chunks would
@@ -40,8 +49,25 @@ constexpr size_t kGatherMaxBytes = size_t(256) << 20;
 constexpr int kGatherRows = 32;  // cache rows per block of the gather
 constexpr int kGatherThreads = 256;
 
-inline bool gathers_keys(const KvCacheArgs& kv) {
-  return kv.page_table != nullptr || kv.batch_idx != nullptr || kv.leftpad != nullptr;
+// Note [Keys in place]
+// Two kinds of cache the forward reads as they are, its TMA descriptors over the cache itself
+// (sm90::run_fwd_for) and each key tile's coordinates from the producer
+// (FwdKernel::load_from_cache): a dense
+// cache under cache_batch_idx (a sequence's tiles in the cache row batch_idx[b], clamped), and
+// pages of whole key tiles (page_size a multiple of the kernel's kBlockN, where that is a power
+// of two, so head dims up to 128 and pages of 128 rows or more: key tile n is tile
+// n mod page_size / kBlockN of page page_table[b][n kBlockN / page_size], clamped).  A page's
+// rows past a sequence's keys are other data, so the consumers zero every row of V's last tile
+// past the keys.  No leftpad: its rows do not start a tile.  Everything else is gathered first.
+template <int kBlockN> bool reads_in_place(const KvCacheArgs& kv) {
+  return kv.leftpad == nullptr &&
+         (kv.page_table == nullptr ||
+          (pages_in_place(kBlockN) && kv.page_size > 0 && kv.page_size % kBlockN == 0));
+}
+
+template <int kBlockN> bool gathers_keys(const KvCacheArgs& kv) {
+  return (kv.page_table != nullptr || kv.batch_idx != nullptr || kv.leftpad != nullptr) &&
+         !reads_in_place<kBlockN>(kv);
 }
 
 // Bytes of gathered K and V per sequence.
@@ -50,8 +76,8 @@ template <class Element> size_t gathered_bytes_per_seq(const FwdParams& p) {
 }
 
 // Sequences per gather (the whole batch when the keys need no gather).
-template <class Element> int gather_chunk(const FwdParams& p) {
-  if (!gathers_keys(p.kv) || p.batch == 0) return p.batch;
+template <class Element, int kBlockN> int gather_chunk(const FwdParams& p) {
+  if (!gathers_keys<kBlockN>(p.kv) || p.batch == 0) return p.batch;
   const size_t per_seq = std::max<size_t>(gathered_bytes_per_seq<Element>(p), 1);
   // At most 65535: the gather's grid.y.
   return int(std::min<size_t>(std::min(p.batch, 65535),
@@ -154,8 +180,8 @@ inline FwdParams kvcache_as_forward(const KvcacheParams& kp, int* lengths, void*
 
 // Sequences [first, first + count) of a forward problem whose keys were gathered to k / v: its
 // per-sequence pointers moved to `first` (packed rows keep theirs: cu_seqlens hold absolute
-// offsets, and a packed tensor's batch stride is 0).  p.kv's arrays stay the whole batch's:
-// the forward reads none of them.
+// offsets, and a packed tensor's batch stride is 0).  Its K and V are dense rows now: no
+// cache arguments (the forward would read pages or cache rows through them).
 template <class Element>
 FwdParams gathered_chunk(FwdParams p, int first, int count, void* k, void* v) {
   auto at = [&](TensorRef t) {
@@ -171,6 +197,7 @@ FwdParams gathered_chunk(FwdParams p, int first, int count, void* k, void* v) {
   p.batch = count;
   p.k = gathered_ref(p, k);
   p.v = gathered_ref(p, v);
+  p.kv = KvCacheArgs();
   return p;
 }
 
@@ -178,21 +205,25 @@ template <class ElementTag, int kHeadDim> bool fwd_kvcache_supports(const Kvcach
   const FwdParams& p = kp.fwd;
   using Element = typename DeviceType<ElementTag>::type;
   if (p.split.num_splits > 1 || p.seq_q.seqlen < kKvcacheMinQueryRows) return false;
-  if (gathers_keys(p.kv)) {
+  constexpr int kBlockN = FwdTileConfig<kHeadDim>::kBlockN;
+  if (gathers_keys<kBlockN>(p.kv)) {
     // The gathered rows are TMA's (dense, aligned); the cache itself is read by the gather.
     if (gathered_bytes_per_seq<Element>(p) > kGatherMaxBytes) return false;
-    const int chunk = gather_chunk<Element>(p);
+    const int chunk = gather_chunk<Element, kBlockN>(p);
     int sms = 0;
     if (chunk < p.batch && (sm_count(&sms) != cudaSuccess ||
                             int64_t(chunk) * tiles(p.seq_q.seqlen, 128) * p.heads_q < sms / 2)) {
       cudaGetLastError();
       return false;
     }
-    return fwd_supports<ElementTag, kHeadDim>(gathered_chunk<Element>(
+    return fwd_supports_for<CacheKernelFor<ElementTag, kHeadDim>>(gathered_chunk<Element>(
                kvcache_as_forward(kp, nullptr, nullptr), 0, p.batch, nullptr, nullptr));
   }
-  if (p.kv.cache_dim0 < p.batch) return false;
-  return fwd_supports<ElementTag, kHeadDim>(kvcache_as_forward(kp, nullptr, nullptr));
+  if (p.kv.page_table == nullptr && p.kv.batch_idx == nullptr && p.kv.cache_dim0 < p.batch) {
+    return false;
+  }
+  return fwd_supports_for<CacheKernelFor<ElementTag, kHeadDim>>(
+      kvcache_as_forward(kp, nullptr, nullptr));
 }
 
 template <class ElementTag, int kHeadDim> int fwd_kvcache_num_splits(const KvcacheParams&) {
@@ -219,9 +250,11 @@ KvcacheWorkspace kvcache_workspace(const KvcacheParams& kp) {
     w.q = round_up(size_t(rows) * p.heads_q * p.head_dim * 2);  // 16-bit elements
   }
   w.forward = round_up(
-      fwd_workspace_bytes<ElementTag, kHeadDim>(kvcache_as_forward(kp, nullptr, nullptr)));
-  w.chunk = gather_chunk<Element>(p);
-  if (gathers_keys(p.kv)) {
+      fwd_workspace_bytes_for<CacheKernelFor<ElementTag, kHeadDim>>(
+          kvcache_as_forward(kp, nullptr, nullptr)));
+  constexpr int kBlockN = FwdTileConfig<kHeadDim>::kBlockN;
+  w.chunk = gather_chunk<Element, kBlockN>(p);
+  if (gathers_keys<kBlockN>(p.kv)) {
     w.gathered = 2 * round_up(gathered_bytes_per_seq<Element>(p) / 2 * size_t(w.chunk));
   }
   return w;
@@ -248,8 +281,8 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const FwdParams whole = kvcache_as_forward(kp, lengths, q_rot);
-  if (!gathers_keys(kp.fwd.kv)) {
-    return run_fwd<ElementTag, kHeadDim>(whole, forward_workspace, stream);
+  if (!gathers_keys<FwdTileConfig<kHeadDim>::kBlockN>(kp.fwd.kv)) {
+    return run_fwd_for<CacheKernelFor<ElementTag, kHeadDim>>(whole, forward_workspace, stream);
   }
 
   char* k_rows = base + w.lengths + w.q + w.forward;
@@ -269,7 +302,7 @@ cudaError_t run_fwd_kvcache(const KvcacheParams& kp, void* workspace, cudaStream
     if (grid.x > 0) gather_kv_kernel<Element><<<grid, kGatherThreads, 0, stream>>>(g);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    err = run_fwd<ElementTag, kHeadDim>(
+    err = run_fwd_for<CacheKernelFor<ElementTag, kHeadDim>>(
         gathered_chunk<Element>(whole, first, count, k_rows, v_rows), forward_workspace, stream);
     if (err != cudaSuccess) return err;
   }

@@ -2,6 +2,8 @@
 // register split between the producer and the consumer warp groups that follows from them.
 #pragma once
 
+#include <type_traits>
+
 namespace flash_cuda::sm90 {
 
 // The most dynamic shared memory an sm90 block may opt in to (H100, H200, H20, GH200).
@@ -144,6 +146,19 @@ template <> struct FwdTileConfig<256> {  // shared memory: 225 KB
   static constexpr bool kAlignLastTile = false;
   static constexpr bool kSharedWork = false;
 };
+
+// The forward's tiles of a KV cache read in place (sm90/launch_fwd_kvcache.cuh, Note [Keys in
+// place]): Base's, with K and V addressed through the cache's page table or cache_batch_idx.
+template <class Base> struct CacheKeysConfig : Base {
+  static constexpr bool kCacheKeys = true;
+};
+// Whether a kernel of kBlockN-key tiles reads pages in place (of a multiple of kBlockN rows):
+// where kBlockN is a power of two (head dims up to 128), as page sizes are.
+constexpr bool pages_in_place(int block_n) { return (block_n & (block_n - 1)) == 0; }
+template <class Config, class = void> struct reads_cache_keys : std::false_type {};
+template <class Config>
+struct reads_cache_keys<Config, std::void_t<decltype(Config::kCacheKeys)>>
+    : std::bool_constant<Config::kCacheKeys> {};
 
 // The register split.  A block of kThreads threads (launch bounds: one block per SM) gets
 // 64K / kThreads registers per thread at launch, in multiples of 8; setmaxnreg only moves that
