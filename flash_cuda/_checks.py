@@ -540,7 +540,7 @@ def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
 # ---- the combine op -------------------------------------------------------------------------------
 
 MAX_SPLITS = 256
-KVCACHE_MAX_SPLITS = 128  # the split count the KV-cache kernels take (common/combine.cuh)
+KVCACHE_MAX_SPLITS = 256  # the split count the KV-cache kernels take (common/combine.cuh)
 COMBINE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -412,7 +412,7 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     into `out` when given, and the merged log-sum-exp (batch, seqlen, heads) float32. A row no
     split saw gets out 0 and lse -inf; one split gives out_partial[0] exactly.
 
-    On CUDA, fp16 / bf16 outputs over 16-byte aligned partials of at most 128 splits and head
+    On CUDA, fp16 / bf16 outputs over 16-byte aligned partials of at most 256 splits and head
     dim 256 go through flash_cuda's combine kernel; other cases, and the CPU, run PyTorch
     operations.
     """

@@ -95,7 +95,7 @@ def test_out_is_written_in_place_in_its_dtype(device, dtype):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("d", [4, 72, 200, 256, 320])
-@pytest.mark.parametrize("splits", [3, 33, 128])
+@pytest.mark.parametrize("splits", [3, 33, 128, 256])
 def test_cuda_kernel_over_head_dims_and_split_counts(d, splits):
     """The CUDA combine (fp16 / bf16 out; a head dim over 256 runs PyTorch operations) against
     the float32 merge on the CPU, on random partials with unseen splits (lse -inf, O NaN) and a

@@ -241,7 +241,7 @@ def test_scheduler_metadata_fixes_the_split_count():
     got = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
                                   scheduler_metadata=meta)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
-    assert get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, num_splits=500).shape == (128,)
+    assert get_scheduler_metadata(B, 1, CAP, HQ, HK, D, lengths, num_splits=500).shape == (256,)
     with pytest.raises(ValueError, match="must be what get_scheduler_metadata returns"):
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
                                 scheduler_metadata=torch.zeros(2, 2, dtype=torch.int32))

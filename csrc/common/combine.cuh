@@ -16,7 +16,7 @@
 
 namespace flash_cuda {
 
-constexpr int kCombineMaxSplits = 128;
+constexpr int kCombineMaxSplits = 256;
 constexpr int kCombineWarps = 4;
 
 // Grid of combine_kernel: one block per (row, head) of a sequence (x over seq_q.seqlen x heads),

@@ -74,10 +74,15 @@ template <class Kernel> int kvcache_blocks_per_sm() {
 // wave and the unsplit grid has fewer than kShortGridBlocksPerSm blocks per SM (a step of few
 // sequences), the count aims at that many blocks per SM instead, each split keeping
 // kMinShortSplitKeys keys: entries 80 and 82 timed 64 splits of 8 blocks (batch 1) and 17 of 32
-// (batch 4) faster than the count above, on 132 SMs.
+// (batch 4) faster than the count above, on 132 SMs.  Grids of fewer than kFewBlocks blocks
+// unsplit (one KV head at batch 1: NOTES entry 86) split down to one key tile of
+// kMinFewSplitKeys keys, up to the combine's limit; the rest keep kMaxWaveSplits.
 constexpr int kMinSplitKeys = 256;
 constexpr int kShortGridBlocksPerSm = 4;
 constexpr int kMinShortSplitKeys = 128;
+constexpr int kFewBlocks = 8;
+constexpr int kMinFewSplitKeys = 64;
+constexpr int kMaxWaveSplits = 128;
 template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
   // Grid z is batch x splits (at most kMaxGridZ).
   if (p.batch <= 0 || p.batch > kMaxGridZ) return 1;
@@ -88,15 +93,16 @@ template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
   const int64_t blocks =
       int64_t(tiles(v.seq_q.seqlen, Kernel::kBlockM)) * v.heads_q * std::max(v.batch, 1);
   const int most = std::min({int(tiles(p.kv.capacity, Kernel::kBlockN)) / 2,
-                             int(p.kv.capacity / kMinSplitKeys), kCombineMaxSplits,
+                             int(p.kv.capacity / kMinSplitKeys), kMaxWaveSplits,
                              kMaxGridZ / p.batch});
   if (blocks == 0 || most < 2) return 1;
   const double slots = double(sms) * kvcache_blocks_per_sm<Kernel>();
   if (double(blocks) * most < slots && blocks < int64_t(kShortGridBlocksPerSm) * sms) {
     const int64_t want = (int64_t(kShortGridBlocksPerSm) * sms + blocks - 1) / blocks;
-    const int cap = std::min({int(tiles(p.kv.capacity, Kernel::kBlockN)) / 2,
-                              int(p.kv.capacity / kMinShortSplitKeys), kCombineMaxSplits,
-                              kMaxGridZ / p.batch});
+    const bool few = blocks < kFewBlocks;
+    const int cap = std::min({int(tiles(p.kv.capacity, Kernel::kBlockN)) / (few ? 1 : 2),
+                              int(p.kv.capacity / (few ? kMinFewSplitKeys : kMinShortSplitKeys)),
+                              few ? kCombineMaxSplits : kMaxWaveSplits, kMaxGridZ / p.batch});
     return int(std::max<int64_t>(1, std::min<int64_t>(cap, want)));
   }
   auto efficiency = [&](int s) {
