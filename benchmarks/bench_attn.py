@@ -10,8 +10,9 @@ sdpa_efficient); FlashAttention where importable (fa3 = flash_attn_interface, fa
 flash_attn.cute, fa2 = flash_attn). A backend that cannot run a point records None and a note.
 
 Timing (--timer): "interleaved" (the default) takes turns: every turn runs each backend once,
-each call after the L2 is emptied and between its own CUDA events, and each backend's number is
-the median of its calls. All backends thus share one power regime, set by all of them: the
+each call after the L2 is emptied and between its own CUDA events (the GPU held about 100 us
+before the start event, so that a call shorter than its own launch is not timed as the host's
+latency), and each backend's number is the median of its calls. All backends thus share one power regime, set by all of them: the
 H200 idles at 345 MHz, runs into its 700 W power cap within a second of load and then sets its
 clock by the power drawn, so a backend timed alone meets a state set by itself and by what
 ran before it. In turns, a kernel that draws more power per clock than the others runs at a
@@ -58,6 +59,13 @@ BWD_FLOP_FACTOR = 2.5
 # do_bench empties a buffer of this size between calls so that no call finds its inputs in L2;
 # time_in_turns (the interleaved timer and the fallback without triton) does the same.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+# time_in_turns holds the GPU this many cycles (torch.cuda._sleep, about 100 us) after each
+# flush, before the call's start event: the host then has the flush's time and this to queue
+# the call's kernels, so a short call (a decode step: 10-20 us of kernels after 50-100 us of
+# Python and launches) is timed as its kernels, not as the host's launch latency.  Without it,
+# calls shorter than their launch read up to 6x slow for every backend on a machine whose CPU
+# was slower (benchmarks/NOTES.md entry 90).
+HOST_COVER_CYCLES = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,10 +222,11 @@ def turn_order(names, turn):
 def time_in_turns(fns, warmup_ms, rep_ms, first=0):
     """{name: fn} -> {name: median milliseconds per call}, the calls taken in turns.
 
-    Each turn calls every fn once, in turn_order, each call after the L2 is emptied and between
-    its own pair of CUDA events. Warm-up and timing take about warmup_ms and rep_ms per fn, as
-    do_bench's do for one (the counts come from a few calls with L2 warm and no flush, so short
-    calls run somewhat longer than that).
+    Each turn calls every fn once, in turn_order, each call after the L2 is emptied and the GPU
+    held HOST_COVER_CYCLES (so that the call's kernels are queued before its start event is
+    reached), between its own pair of CUDA events. Warm-up and timing take about warmup_ms and
+    rep_ms per fn, as do_bench's do for one (the counts come from a few calls with L2 warm and
+    no flush, so short calls run somewhat longer than that).
     """
     names = list(fns)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
@@ -242,6 +251,7 @@ def time_in_turns(fns, warmup_ms, rep_ms, first=0):
         for name in turn_order(names, first + turn):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             flush.zero_()
+            torch.cuda._sleep(HOST_COVER_CYCLES)
             start.record()
             fns[name]()
             end.record()
