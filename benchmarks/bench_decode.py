@@ -25,7 +25,9 @@ rate, which the run also measures (a 1 GiB device-to-device copy, bytes read plu
 Chunked prefill: `--prefill` adds cases of 512-2048 new query tokens against 8k-32k cached
 keys (the new keys already in the cache, bottom-right causal), also in TFLOP/s.  `--rope` adds
 flash_cuda decode steps that append the step's token with rotary embedding, the cos / sin tables
-(32k positions, as a model holds them) in the cache's dtype and in float32.
+(32k positions, as a model holds them) in the cache's dtype and in float32.  `--env
+FLASH_CUDA_NAME=VALUE` adds flash_cuda with that variable set around each call, timed in the same
+turns: an A/B of two code paths of one build (knobs read at every call).
 
 Run:
     python benchmarks/bench_decode.py                          # the TARGETS.md decode points
@@ -97,13 +99,15 @@ def _sdpa_backend(name):
 
 
 def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, seed=0,
-               splits=(), rope=False):
+               splits=(), rope=False, envs=()):
     """{name: no-argument call} of one point, each run once here (a backend that fails is left
     out, its error in `notes`).  `splits`: flash_cuda also as `flash_cuda_sN`, with num_splits=N
     forced (a sweep of the split count against the heuristic's).  `rope` (decode points):
     flash_cuda also as `flash_cuda_rope` / `flash_cuda_rope_f32`, the step's token appended to
     the cache (its last row) and rotated with q by cos / sin tables of ROPE_POSITIONS rows in the
-    cache's dtype / in float32."""
+    cache's dtype / in float32.  `envs` ("NAME=VALUE" each): flash_cuda also as
+    `flash_cuda[NAME=VALUE]`, the variable set around each call (knobs read at every call: an
+    A/B of two code paths of one build in the same turns)."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
@@ -142,6 +146,21 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
             attempt(f"flash_cuda_s{n}", lambda n=n: flash_attn_with_kvcache(
                 q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, causal=True,
                 num_splits=n))
+        for spec in envs:
+            variable, _, value = spec.partition("=")
+
+            def with_env(variable=variable, value=value):
+                before = os.environ.get(variable)
+                os.environ[variable] = value
+                try:
+                    return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                   page_table=table, causal=True)
+                finally:
+                    if before is None:
+                        del os.environ[variable]
+                    else:
+                        os.environ[variable] = before
+            attempt(f"flash_cuda[{spec}]", with_env)
         if rope and new == 1:
             angles = torch.rand(max(keys, ROPE_POSITIONS), hdim // 2, generator=gpu,
                                 device="cuda") * 6.28
@@ -235,6 +254,10 @@ def parse_args(argv=None):
     parser.add_argument("--splits", type=_int_list, default=[],
                         help="flash_cuda also with num_splits forced to each, e.g. 8,32,128 "
                         "(columns flash_cuda_sN)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="flash_cuda also with this FLASH_CUDA_* variable set around each "
+                        "call, in the same turns (column flash_cuda[NAME=VALUE]; for knobs read "
+                        "at every call, e.g. FLASH_CUDA_FAMILY=sm80); repeatable")
     parser.add_argument("--rope", action="store_true",
                         help="flash_cuda also with the step's token appended and rotated "
                         "(tables in the cache's dtype and in float32: columns flash_cuda_rope, "
@@ -268,6 +291,12 @@ def parse_args(argv=None):
         parser.error("--splits times flash_cuda: name it in --backends")
     if args.rope and "flash_cuda" not in args.backends:
         parser.error("--rope times flash_cuda: name it in --backends")
+    for spec in args.env:
+        variable, sep, _ = spec.partition("=")
+        if not sep or not variable.startswith("FLASH_CUDA_"):
+            parser.error(f"--env takes FLASH_CUDA_NAME=VALUE; got {spec!r}")
+    if args.env and "flash_cuda" not in args.backends:
+        parser.error("--env times flash_cuda: name it in --backends")
     sizes = (args.batches or []) + (args.caches or [])
     if any(n < 1 for n in sizes):
         parser.error("--batches and --caches take positive sizes")
@@ -295,6 +324,7 @@ def main(argv=None):
     environment = bench_attn.environment()
     print(f"device copy: {copy_gbs:.0f} GB/s (read + write)", flush=True)
     names = args.backends + [f"flash_cuda_s{n}" for n in args.splits]
+    names += [f"flash_cuda[{spec}]" for spec in args.env]
     if args.rope:
         names += ["flash_cuda_rope", "flash_cuda_rope_f32"]
     if "flash_cuda" in args.backends and any(x != "dense" for x in args.layouts):
@@ -315,7 +345,7 @@ def main(argv=None):
                 for layout in layouts:
                     calls = make_calls(args.backends, batch, new, keys, heads, hdim, layout,
                                        dtype, notes, splits=args.splits,
-                                       rope=args.rope)
+                                       rope=args.rope, envs=args.env)
                     if calls and not rows:
                         # The run's first point is timed twice, the first time thrown away: its
                         # numbers read up to 6x low for every backend alike in some runs.
