@@ -26,8 +26,8 @@ Chunked prefill: `--prefill` adds cases of 512-2048 new query tokens against 8k-
 keys (the new keys already in the cache, bottom-right causal), also in TFLOP/s.  `--rope` adds
 flash_cuda decode steps that append the step's token with rotary embedding, the cos / sin tables
 (32k positions, as a model holds them) in the cache's dtype and in float32.  `--env
-FLASH_CUDA_NAME=VALUE` adds flash_cuda with that variable set around each call, timed in the same
-turns: an A/B of two code paths of one build (knobs read at every call).
+FLASH_CUDA_NAME=VALUE[,...]` adds flash_cuda with those variables set around each call, timed in
+the same turns: an A/B of code paths of one build (knobs read at every call).
 
 Run:
     python benchmarks/bench_decode.py                          # the TARGETS.md decode points
@@ -105,9 +105,9 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
     forced (a sweep of the split count against the heuristic's).  `rope` (decode points):
     flash_cuda also as `flash_cuda_rope` / `flash_cuda_rope_f32`, the step's token appended to
     the cache (its last row) and rotated with q by cos / sin tables of ROPE_POSITIONS rows in the
-    cache's dtype / in float32.  `envs` ("NAME=VALUE" each): flash_cuda also as
-    `flash_cuda[NAME=VALUE]`, the variable set around each call (knobs read at every call: an
-    A/B of two code paths of one build in the same turns)."""
+    cache's dtype / in float32.  `envs` ("NAME=VALUE[,NAME=VALUE...]" each): flash_cuda also as
+    `flash_cuda[spec]`, the variables set around each call (knobs read at every call: an A/B of
+    code paths of one build in the same turns)."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
@@ -147,19 +147,20 @@ def make_calls(backends, batch, new, keys, heads, hdim, layout, dtype, notes, se
                 q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, causal=True,
                 num_splits=n))
         for spec in envs:
-            variable, _, value = spec.partition("=")
+            settings = dict(item.partition("=")[::2] for item in spec.split(","))
 
-            def with_env(variable=variable, value=value):
-                before = os.environ.get(variable)
-                os.environ[variable] = value
+            def with_env(settings=settings):
+                before = {name: os.environ.get(name) for name in settings}
+                os.environ.update(settings)
                 try:
                     return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
                                                    page_table=table, causal=True)
                 finally:
-                    if before is None:
-                        del os.environ[variable]
-                    else:
-                        os.environ[variable] = before
+                    for name, value in before.items():
+                        if value is None:
+                            del os.environ[name]
+                        else:
+                            os.environ[name] = value
             attempt(f"flash_cuda[{spec}]", with_env)
         if rope and new == 1:
             angles = torch.rand(max(keys, ROPE_POSITIONS), hdim // 2, generator=gpu,
@@ -254,10 +255,10 @@ def parse_args(argv=None):
     parser.add_argument("--splits", type=_int_list, default=[],
                         help="flash_cuda also with num_splits forced to each, e.g. 8,32,128 "
                         "(columns flash_cuda_sN)")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="flash_cuda also with this FLASH_CUDA_* variable set around each "
-                        "call, in the same turns (column flash_cuda[NAME=VALUE]; for knobs read "
-                        "at every call, e.g. FLASH_CUDA_FAMILY=sm80); repeatable")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE[,...]",
+                        help="flash_cuda also with these FLASH_CUDA_* variables set around each "
+                        "call, in the same turns (column flash_cuda[spec]; for knobs read at "
+                        "every call, e.g. FLASH_CUDA_FAMILY=sm80); repeatable")
     parser.add_argument("--rope", action="store_true",
                         help="flash_cuda also with the step's token appended and rotated "
                         "(tables in the cache's dtype and in float32: columns flash_cuda_rope, "
@@ -292,9 +293,10 @@ def parse_args(argv=None):
     if args.rope and "flash_cuda" not in args.backends:
         parser.error("--rope times flash_cuda: name it in --backends")
     for spec in args.env:
-        variable, sep, _ = spec.partition("=")
-        if not sep or not variable.startswith("FLASH_CUDA_"):
-            parser.error(f"--env takes FLASH_CUDA_NAME=VALUE; got {spec!r}")
+        for item in spec.split(","):
+            variable, sep, _ = item.partition("=")
+            if not sep or not variable.startswith("FLASH_CUDA_"):
+                parser.error(f"--env takes FLASH_CUDA_NAME=VALUE[,...]; got {spec!r}")
     if args.env and "flash_cuda" not in args.backends:
         parser.error("--env times flash_cuda: name it in --backends")
     sizes = (args.batches or []) + (args.caches or [])

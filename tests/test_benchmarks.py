@@ -91,6 +91,7 @@ import bench_decode  # noqa: E402
                                   ["--splits", "8", "--backends", "sdpa_cudnn"],
                                   ["--rope", "--backends", "sdpa_cudnn"],
                                   ["--env", "FLASH_CUDA_FAMILY"], ["--env", "PATH=/x"],
+                                  ["--env", "FLASH_CUDA_A=1,PATH=/x"],
                                   ["--env", "FLASH_CUDA_FAMILY=sm80", "--backends",
                                    "sdpa_cudnn"]])
 def test_decode_bad_arguments_are_rejected_before_the_gpu(argv):
@@ -109,8 +110,9 @@ def test_decode_points_default_to_the_targets_and_take_a_product():
     assert args.heads == [(32, 8), (64, 64)]
     assert bench_decode.parse_args(["--splits", "8,32"]).splits == [8, 32]
     assert bench_decode.parse_args(["--rope"]).rope and not bench_decode.parse_args([]).rope
-    args = bench_decode.parse_args(["--env", "FLASH_CUDA_FAMILY=sm80", "--env", "FLASH_CUDA_X=1"])
-    assert args.env == ["FLASH_CUDA_FAMILY=sm80", "FLASH_CUDA_X=1"]
+    args = bench_decode.parse_args(["--env", "FLASH_CUDA_FAMILY=sm80",
+                                    "--env", "FLASH_CUDA_X=1,FLASH_CUDA_Y=0"])
+    assert args.env == ["FLASH_CUDA_FAMILY=sm80", "FLASH_CUDA_X=1,FLASH_CUDA_Y=0"]
 
 
 def test_decode_byte_and_flop_counts():
