@@ -93,6 +93,15 @@ __device__ __forceinline__ void rotate_chunk(const Element* src, Element* dst, i
   *reinterpret_cast<uint4*>(dst + col + half) = out2;
 }
 
+// Element offset, in a paged cache of `cache`'s strides, of row `row` of sequence b: offset
+// row % page_size in the page its table names for it (clamped to the cache's pages).
+__device__ __forceinline__ int64_t paged_row_offset(const KvCacheArgs& kv, const TensorRef& cache,
+                                                    int b, int row) {
+  const int page = min(max(kv.page_table[int64_t(b) * kv.pages_per_seq + row / kv.page_size], 0),
+                       kv.cache_dim0 - 1);
+  return int64_t(page) * cache.batch_stride + int64_t(row % kv.page_size) * cache.row_stride;
+}
+
 // Grid (row blocks, heads_kv, batch): warp w of block x takes new row x * kAppendWarps + w of
 // sequence blockIdx.z.
 template <class Element>
@@ -116,10 +125,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
   const int row = int(row64);
   int64_t dst_offset;
   if (kv.page_table != nullptr) {
-    const int page = min(max(kv.page_table[int64_t(b) * kv.pages_per_seq + row / kv.page_size],
-                             0), kv.cache_dim0 - 1);
-    dst_offset = int64_t(page) * a.k_cache.batch_stride +
-                 int64_t(row % kv.page_size) * a.k_cache.row_stride;
+    dst_offset = paged_row_offset(kv, a.k_cache, b, row);
   } else {
     const int cache_row = kv.batch_idx != nullptr
                               ? min(max(kv.batch_idx[b], 0), kv.cache_dim0 - 1)

@@ -639,22 +639,15 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config>::load_from_cache(
   Tensor mV = params.tma_v.get_tma_tensor(params.shape_k);
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), SmemLayoutKV{});  // (N, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), SmemLayoutKV{});  // (N, D, stage)
-  // K's and V's (N, D) tiles in rows of `batch` (a sequence, a cache row or a page) and the
+  // K's (or V's) (N, D) tiles in rows of `batch` (a sequence, a cache row or a page) and the
   // stages, partitioned for TMA: (copy, tile) and (copy, stage).
-  auto k_part = [&](int batch) {
-    Tensor gK = local_tile(
-        domain_offset(make_coord(w.sk.offset, _0{}), mK(_, _, w.head_kv, batch)),
-        select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
-    return tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                         group_modes<0, 2>(gK));
+  auto partition = [&](const auto& tma, const auto& m, const auto& smem, int batch) {
+    Tensor g = local_tile(domain_offset(make_coord(w.sk.offset, _0{}), m(_, _, w.head_kv, batch)),
+                          select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
+    return tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(smem), group_modes<0, 2>(g));
   };
-  auto v_part = [&](int batch) {
-    Tensor gV = local_tile(
-        domain_offset(make_coord(w.sk.offset, _0{}), mV(_, _, w.head_kv, batch)),
-        select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));  // (N, D, n)
-    return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                         group_modes<0, 2>(gV));
-  };
+  auto k_part = [&](int batch) { return partition(params.tma_k, mK, sK, batch); };
+  auto v_part = [&](int batch) { return partition(params.tma_v, mV, sV, batch); };
   // Plain variables, not structured bindings: the lambdas below capture them.
   auto tK = k_part(k_batch);
   auto tV = v_part(k_batch);

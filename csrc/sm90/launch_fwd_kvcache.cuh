@@ -129,10 +129,7 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherA
       const int row = keys.offset + row0 + r;  // < capacity: SeqlenInfo clamps the length
       int64_t offset;
       if (kv.page_table != nullptr) {
-        const int page = min(max(kv.page_table[int64_t(b) * kv.pages_per_seq + row / kv.page_size],
-                                 0), kv.cache_dim0 - 1);
-        offset = int64_t(page) * g.k_cache.batch_stride +
-                 int64_t(row % kv.page_size) * g.k_cache.row_stride;
+        offset = paged_row_offset(kv, g.k_cache, b, row);
       } else {
         offset = int64_t(cache_row) * g.k_cache.batch_stride + int64_t(row) * g.k_cache.row_stride;
       }
