@@ -80,8 +80,7 @@ def cases(device):
                                                     causal=True),
            lambda: op(qv, kv, kv, cu_q, cu_k, None, None, 1, 256, scale, True, -1, 0, False))
     # A decode step over an 8k-row KV cache (lengths 8000), 8 query heads on 1: the API, the op
-    # (its CUDA kernel checks the arguments in Python, then calls the C++ one) and, on CUDA, the
-    # C++ kernel alone and cuDNN's SDPA on the same problem in its own layout.
+    # and, on CUDA, cuDNN's SDPA on the same problem in its own layout.
     kc = torch.randn(1, 8192, 1, 128, device=device, dtype=dtype)
     lens = torch.full((1,), 8000, dtype=torch.int32, device=device)
     out = torch.empty_like(q)
@@ -91,8 +90,6 @@ def cases(device):
                                                              causal=True, out=out),
            lambda: torch.ops.flash_cuda.fwd_kvcache.default(*args))
     if device == "cuda":
-        yield ("kvcache decode, C++ kernel alone", None,
-               lambda: torch.ops.flash_cuda._fwd_kvcache_cuda.default(*args))
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention
         qs, ks = q.transpose(1, 2), kc[:, :8000].transpose(1, 2)

@@ -437,7 +437,9 @@ def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                      cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                      max_seqlen_q, rotary_seqlens, softmax_scale, window_left,
                      window_right, out) -> int:
-    """The rules of torch.ops.flash_cuda.fwd_kvcache; returns the batch size."""
+    """The rules of torch.ops.flash_cuda.fwd_kvcache; returns the batch size.  The CUDA kernel
+    checks the same rules, in this order, in C++ (csrc/ops/kvcache_cuda.cpp: check_kvcache_op)
+    with the same messages."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_is_tensor(name, t)
     if q.device.type not in DEVICE_TYPES:
@@ -458,11 +460,12 @@ def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                          f"number of heads of the cache ({heads_kv}) (MHA, GQA or MQA).")
     if varlen_q:
         check_is_tensor("cu_seqlens_q", cu_seqlens_q)
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+            raise ValueError(f"cu_seqlens_q must be 1-D with batch + 1 >= 1 entries; got shape "
+                             f"{_shape(cu_seqlens_q)}.")
     batch = cu_seqlens_q.shape[0] - 1 if varlen_q else q.shape[0]
     if varlen_q:
-        check_index_tensor("cu_seqlens_q", cu_seqlens_q, cu_seqlens_q.shape[0], q)
-        if cu_seqlens_q.shape[0] < 1:
-            raise ValueError("cu_seqlens_q must hold batch + 1 >= 1 entries; got none.")
+        check_index_tensor("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
         if max_seqlen_q is None:
             raise ValueError("max_seqlen_q is required with cu_seqlens_q (it sizes the grid).")
         check_max_seqlen("max_seqlen_q", max_seqlen_q)

@@ -149,16 +149,17 @@ def _fwd_kvcache_fake(*args):
     return a.q.new_empty(_checks.lse_shape(a.q, a.cu_seqlens_q is not None), dtype=torch.float32)
 
 
-def _fwd_kvcache_cuda(*args):
+def _no_cuda_fwd_kvcache(*args):
     _checked_kvcache_args(args)
-    if not HAS_CUDA_KERNELS:
-        raise NotImplementedError(
-            "flash_cuda was built without CUDA kernels (FLASH_CUDA_DISABLE_CUDA=1 or no CUDA "
-            "toolkit): flash_attn_with_kvcache runs on CPU tensors only in this build.")
-    return torch.ops.flash_cuda._fwd_kvcache_cuda.default(*args)
+    raise NotImplementedError(
+        "flash_cuda was built without CUDA kernels (FLASH_CUDA_DISABLE_CUDA=1 or no CUDA "
+        "toolkit): flash_attn_with_kvcache runs on CPU tensors only in this build.")
 
 
-torch.library.register_kernel("flash_cuda::fwd_kvcache", "cuda", _fwd_kvcache_cuda)
+# A build with CUDA kernels registers fwd_kvcache's CUDA kernel in C++ (csrc/ops/kvcache_cuda.cpp),
+# which checks the same rules with the same messages.
+if not HAS_CUDA_KERNELS:
+    torch.library.register_kernel("flash_cuda::fwd_kvcache", "cuda", _no_cuda_fwd_kvcache)
 
 
 @torch.library.register_kernel("flash_cuda::_kvcache_num_splits", "cpu")

@@ -273,3 +273,204 @@ def test_head_major_caches_are_read_and_written_in_place(paged):
     torch.testing.assert_close(hnd_k.transpose(1, 2), want_k, atol=0, rtol=0)
     torch.testing.assert_close(hnd_v.transpose(1, 2), want_v, atol=0, rtol=0)
     assert not torch.equal(want_k, k_cache)  # the append wrote something to compare
+
+
+# ---- the op's rules, one bad argument at a time: the CPU kernel and, on CUDA, the C++ kernel
+# against the fake one, word for word (Note [Checks in two places] in csrc/ops/attention_cuda.cpp)
+
+def _good_op_args(device):
+    """A valid fwd_kvcache call (2 sequences, one new token each, 4 / 2 heads, head dim 64)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(1)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    q = rand(B, 1, HQ, D)
+    return dict(q=q, k_cache=rand(B, CAP, HK, D), v_cache=rand(B, CAP, HK, D),
+                k=rand(B, 1, HK, D), v=rand(B, 1, HK, D), rotary_cos=None, rotary_sin=None,
+                cache_seqlens=torch.tensor([3, 9], dtype=torch.int32, device=device),
+                cache_batch_idx=None, cache_leftpad=None, page_table=None, cu_seqlens_q=None,
+                cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                softmax_scale=D ** -0.5, causal=True, window_left=-1, window_right=-1,
+                rotary_interleaved=True, num_splits=0, out=torch.empty_like(q))
+
+
+def _int32(a, values):
+    return torch.tensor(values, dtype=torch.int32, device=a["q"].device)
+
+
+def _rotary(a, rows=16, half=8):
+    t = torch.randn(rows, half, device=a["q"].device)
+    return dict(rotary_cos=t, rotary_sin=t.clone())
+
+
+def _varlen_q(a):
+    q = a["q"].flatten(0, 1)
+    return dict(q=q, out=torch.empty_like(q), cu_seqlens_q=_int32(a, [0, 1, 2]))
+
+
+def _with(**changes):
+    return lambda a: changes
+
+
+OP_CASES = [
+    ("q_float64", lambda a: dict(q=a["q"].double()), "q has dtype float64"),
+    ("q_3d", lambda a: dict(q=a["q"][0]), "q must be 4-D"),
+    ("k_cache_3d", lambda a: dict(k_cache=a["k_cache"][0]), "k_cache must be 4-D"),
+    ("k_cache_dtype", lambda a: dict(k_cache=a["k_cache"].half()), "k_cache must have q's dtype"),
+    ("v_cache_heads", lambda a: dict(v_cache=a["v_cache"][:, :, :1]), "v_cache must have 2 heads"),
+    ("k_cache_strided", lambda a: dict(k_cache=a["k_cache"].repeat_interleave(2, -1)[..., ::2]),
+     "k_cache must have a contiguous last dimension"),
+    ("cache_shapes", lambda a: dict(v_cache=a["v_cache"][:, :7]), "must have the same shape"),
+    ("head_dim_12", lambda a: {n: a[n][..., :12].contiguous()
+                               for n in ("q", "k_cache", "v_cache", "k", "v", "out")},
+     "multiple of 8"),
+    ("heads_3_on_2", lambda a: dict(q=a["q"][:, :, :3], out=a["out"][:, :, :3]),
+     "must be a multiple of the number of heads of the cache"),
+    ("cu_seqlens_q_0d", lambda a: {**_varlen_q(a), "cu_seqlens_q": _int32(a, 0),
+                                   "max_seqlen_q": 1}, "cu_seqlens_q must be 1-D"),
+    ("cu_seqlens_q_int64", lambda a: {**_varlen_q(a), "max_seqlen_q": 1,
+                                      "cu_seqlens_q": _int32(a, [0, 1, 2]).long()},
+     "cu_seqlens_q must have dtype int32"),
+    ("no_max_seqlen_q", _varlen_q, "max_seqlen_q is required"),
+    ("max_seqlen_q_negative", lambda a: {**_varlen_q(a), "max_seqlen_q": -1},
+     "max_seqlen_q must be >= 0"),
+    ("k_alone", _with(v=None), "k and v go together"),
+    ("cu_seqlens_k_new_alone", lambda a: dict(k=None, v=None,
+                                              cu_seqlens_k_new=_int32(a, [0, 1, 2])),
+     "cu_seqlens_k_new describes packed new keys"),
+    ("k_batch", lambda a: dict(k=a["k"][:1], v=a["v"][:1]), "k and v must have q's batch size"),
+    ("k_v_shapes", lambda a: dict(v=torch.cat([a["v"], a["v"]], 1)),
+     "k and v must have the same shape"),
+    ("no_cache_seqlens", _with(cache_seqlens=None), "cache_seqlens .* is required"),
+    ("cache_seqlens_length", lambda a: dict(cache_seqlens=_int32(a, [3])),
+     "cache_seqlens must be 1-D with 2 entries"),
+    ("cache_leftpad_int64", lambda a: dict(cache_leftpad=_int32(a, [0, 0]).long()),
+     "cache_leftpad must have dtype int32"),
+    ("page_table_int64", lambda a: dict(page_table=_int32(a, [[0], [1]]).long()),
+     "page_table must be int32"),
+    ("page_table_and_batch_idx", lambda a: dict(page_table=_int32(a, [[0], [1]]),
+                                                cache_batch_idx=_int32(a, [0, 1])),
+     "pass one or the other"),
+    ("cache_no_rows", lambda a: dict(k_cache=a["k_cache"][:0], v_cache=a["v_cache"][:0]),
+     "k_cache has no rows"),
+    ("cache_one_row", lambda a: dict(k_cache=a["k_cache"][:1], v_cache=a["v_cache"][:1]),
+     "pass cache_batch_idx to pick rows"),
+    ("rotary_cos_alone", lambda a: dict(rotary_cos=_rotary(a)["rotary_cos"]),
+     "rotary_cos and rotary_sin go together"),
+    ("rotary_without_k", lambda a: dict(k=None, v=None, **_rotary(a)), "rotate the new keys"),
+    ("rotary_shapes", lambda a: {**_rotary(a), "rotary_sin": _rotary(a, rows=8)["rotary_sin"]},
+     "rotary_sin must be 2-D"),
+    ("rotary_no_rows", lambda a: _rotary(a, rows=0), "at least one position"),
+    ("rotary_dim_8", lambda a: _rotary(a, half=4), "the rotary dim"),
+    ("out_shape", lambda a: dict(out=a["out"][:, :, :2]), "out must have q's shape"),
+    ("out_strided", lambda a: dict(out=a["out"].repeat_interleave(2, -1)[..., ::2]),
+     "out must have a contiguous last dimension"),
+    ("window", _with(window_left=-2), "window_size entries must be >= -1"),
+    ("scale", _with(softmax_scale=0.0), "softmax_scale must be a finite number"),
+]
+
+
+def _bad_op_args(changes, device):
+    a = _good_op_args(device)
+    a.update(changes(a))
+    return a
+
+
+@pytest.mark.parametrize("changes, match", [pytest.param(c[1], c[2], id=c[0]) for c in OP_CASES])
+def test_op_rule_names_the_argument(changes, match):
+    with pytest.raises(ValueError, match=match):
+        torch.ops.flash_cuda.fwd_kvcache(**_bad_op_args(changes, "cpu"))
+
+
+def _message(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  (the type is compared too)
+        return type(exc).__name__, str(exc).split("\n")[0]
+    return None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("changes", [pytest.param(c[1], id=c[0]) for c in OP_CASES])
+def test_cuda_and_fake_kernels_say_the_same(changes):
+    """The C++ checks of the CUDA kernel and the Python checks of the fake kernel (what
+    torch.compile meets) on the same CUDA inputs: the same exception, word for word."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    if not flash_cuda.build_info()["head_dims"]["fwd_kvcache"]:
+        pytest.skip("this build holds no KV-cache kernels")
+    args = _bad_op_args(changes, "cuda")
+    real = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
+    with FakeTensorMode() as mode:
+        fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                     for n, a in args.items()}
+        fake = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**fake_args))
+    assert real is not None and real == fake
+
+
+_RULES_SOURCE = r"""
+#include <torch/library.h>
+#include "ops/kvcache_checks.h"
+using OptTensor = std::optional<at::Tensor>;
+at::Tensor rules(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                 const OptTensor& k, const OptTensor& v, const OptTensor& rotary_cos,
+                 const OptTensor& rotary_sin, const OptTensor& cache_seqlens,
+                 const OptTensor& cache_batch_idx, const OptTensor& cache_leftpad,
+                 const OptTensor& page_table, const OptTensor& cu_seqlens_q,
+                 const OptTensor& cu_seqlens_k_new, std::optional<int64_t> max_seqlen_q,
+                 const OptTensor& rotary_seqlens, double softmax_scale, bool causal,
+                 int64_t window_left, int64_t window_right, bool rotary_interleaved,
+                 int64_t num_splits, at::Tensor& out) {
+  flash_cuda::check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                               cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
+                               cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, softmax_scale,
+                               window_left, window_right, out);
+  return q;
+}
+TORCH_LIBRARY(flash_cuda_rules, m) { m.def("kvcache%s"); }
+TORCH_LIBRARY_IMPL(flash_cuda_rules, CPU, m) { m.impl("kvcache", &rules); }
+"""
+
+
+@pytest.fixture(scope="module")
+def cpp_rules():
+    """csrc/ops/kvcache_checks.h (the CUDA kernel's rules) compiled for CPU tensors, as the op
+    flash_cuda_rules.kvcache with fwd_kvcache's arguments (about 30 s of g++)."""
+    import os
+    from torch.utils.cpp_extension import load_inline
+    schema = torch.ops.flash_cuda.fwd_kvcache.default._schema
+    arguments = str(schema)[len("flash_cuda::fwd_kvcache"):]
+    csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+    load_inline("flash_cuda_rules", cpp_sources=[_RULES_SOURCE % arguments.replace('"', '')],
+                extra_include_paths=[csrc], extra_cflags=["-O0", "-g0"],
+                is_python_module=False)
+    return torch.ops.flash_cuda_rules.kvcache
+
+
+@pytest.mark.parametrize("changes", [pytest.param(c[1], id=c[0]) for c in OP_CASES])
+def test_cpp_and_python_rules_say_the_same(cpp_rules, changes):
+    """The C++ rules of the CUDA kernel and the Python ones of the CPU kernel on the same CPU
+    inputs: the same exception, word for word (what the CUDA test below checks on a GPU, here
+    without one)."""
+    args = _bad_op_args(changes, "cpu")
+    python = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
+    cpp = _message(lambda: cpp_rules(**args))
+    assert python is not None and python == cpp
+
+
+def test_cpp_rules_pass_a_valid_call(cpp_rules):
+    args = _good_op_args("cpu")
+    assert cpp_rules(**args) is not None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_op_with_a_cpu_index_tensor_names_it():
+    if not flash_cuda.build_info()["head_dims"]["fwd_kvcache"]:
+        pytest.skip("this build holds no KV-cache kernels")
+    args = _good_op_args("cuda")
+    args["cache_seqlens"] = args["cache_seqlens"].cpu()
+    with pytest.raises(ValueError, match=r"cache_seqlens must be on q's device \(cuda:0\)"):
+        torch.ops.flash_cuda.fwd_kvcache(**args)

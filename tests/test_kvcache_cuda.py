@@ -360,16 +360,16 @@ def test_rotary_tables_of_any_dtype_and_row_stride_give_the_float32_result(table
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
-def test_internal_op_refuses_a_head_dim_that_is_not_whole_16_byte_rows():
-    """torch.ops.flash_cuda._fwd_kvcache_cuda skips the Python op's checks; its own C++ check
-    refuses a head dim of 4 (half a 16-byte row) instead of copying past the row."""
+def test_op_refuses_a_head_dim_that_is_not_whole_16_byte_rows():
+    """The op's CUDA kernel (C++ checks only) refuses a head dim of 4 (half a 16-byte row)
+    instead of copying past the row."""
     k_cache = torch.randn(1, 64, 2, 8, device="cuda", dtype=torch.bfloat16)[..., :4]
     v_cache = torch.randn(1, 64, 2, 8, device="cuda", dtype=torch.bfloat16)[..., :4]
     q = torch.randn(1, 1, 2, 4, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)
     lens = torch.tensor([10], dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="multiple of 8"):
-        torch.ops.flash_cuda._fwd_kvcache_cuda(
+        torch.ops.flash_cuda.fwd_kvcache(
             q, k_cache, v_cache, None, None, None, None, lens, None, None, None, None, None,
             None, None, 0.5, False, -1, -1, True, 0, out)
 

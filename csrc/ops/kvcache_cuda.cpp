@@ -1,8 +1,7 @@
-// The CUDA implementation behind torch.ops.flash_cuda.fwd_kvcache: its CUDA kernel (registered
-// in flash_cuda/_ops.py) checks the op rules of flash_cuda/_checks.py, then calls the internal
-// op _fwd_kvcache_cuda, here: tensors -> KvcacheParams -> dispatch.  What this file checks
-// itself is what keeps a direct call of the internal op from reading out of bounds (dtypes,
-// devices, strides a kernel needs); the rules with messages for users are the Python ones.
+// The CUDA kernel of torch.ops.flash_cuda.fwd_kvcache: the op rules (check_kvcache_op, the C++
+// side of flash_cuda/_checks.py's, Note [Checks in two places] in attention_cuda.cpp), then
+// tensors -> KvcacheParams -> dispatch.  In C++, not Python: a decode step is short enough
+// that the host time of every call shows.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -16,6 +15,7 @@
 #include <optional>
 
 #include "dispatch/dispatch.h"
+#include "ops/kvcache_checks.h"
 
 namespace flash_cuda {
 namespace {
@@ -35,8 +35,7 @@ const int* index_ptr(const OptTensor& t, const Tensor& q, const char* name) {
   if (!t.has_value()) return nullptr;
   TORCH_CHECK_VALUE(t->scalar_type() == at::kInt && t->device() == q.device() &&
                         t->is_contiguous(),
-                    "_fwd_kvcache_cuda: ", name, " must be a contiguous int32 tensor on q's "
-                    "device");
+                    "fwd_kvcache: ", name, " must be a contiguous int32 tensor on q's device");
   return t->data_ptr<int>();
 }
 
@@ -66,13 +65,11 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
                         double softmax_scale, bool causal, int64_t window_left,
                         int64_t window_right, bool rotary_interleaved, int64_t num_splits,
                         Tensor& out) {
+  const int64_t batch = check_kvcache_op(
+      q_in, k_cache, v_cache, k_in, v_in, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+      cache_leftpad, page_table_in, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
+      softmax_scale, window_left, window_right, out);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  TORCH_CHECK_VALUE(q_in.scalar_type() == at::kHalf || q_in.scalar_type() == at::kBFloat16,
-                    "_fwd_kvcache_cuda: q must be float16 or bfloat16");
-  for (const Tensor* t : {&k_cache, &v_cache, &out}) {
-    TORCH_CHECK_VALUE(t->scalar_type() == q_in.scalar_type() && t->device() == q_in.device(),
-                      "_fwd_kvcache_cuda: the caches and out must have q's dtype and device");
-  }
   // The caches are written in place and read in 16-byte chunks: they cannot be copied.
   TORCH_CHECK_VALUE(rows_aligned(k_cache) && rows_aligned(v_cache) &&
                         k_cache.strides() == v_cache.strides(),
@@ -81,36 +78,9 @@ Tensor fwd_kvcache_cuda(const Tensor& q_in, Tensor& k_cache, Tensor& v_cache,
                     "multiples of 8 elements) and a 16-byte aligned start");
   const bool varlen_q = cu_seqlens_q.has_value();
   const bool paged = page_table_in.has_value();
-  const int64_t batch_size = varlen_q ? cu_seqlens_q->size(0) - 1 : q_in.size(0);
-  TORCH_CHECK_VALUE(batch_size == 0 || (k_cache.size(0) > 0 &&
-                                        (paged || cache_batch_idx.has_value() ||
-                                         k_cache.size(0) >= batch_size)),
-                    "_fwd_kvcache_cuda: k_cache needs a row per sequence (or cache_batch_idx, "
-                    "or pages)");
-  TORCH_CHECK_VALUE(!rotary_cos.has_value() ||
-                        (rotary_cos->dim() == 2 && rotary_cos->size(0) > 0 &&
-                         rotary_sin.has_value() && rotary_sin->sizes() == rotary_cos->sizes() &&
-                         rotary_cos->device() == q_in.device() &&
-                         rotary_sin->device() == q_in.device() &&
-                         2 * rotary_cos->size(1) <= q_in.size(-1) &&
-                         (2 * rotary_cos->size(1)) % 16 == 0 && k_in.has_value()),
-                    "_fwd_kvcache_cuda: rotary_cos / rotary_sin must be (positions >= 1, "
-                    "rotary_dim / 2) on q's device, rotary_dim a multiple of 16 within the head "
-                    "dim, with k");
   const Tensor q = rows_aligned(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
   const Tensor o = rows_aligned(out) ? out : at::empty(q.sizes(), q.options());
-  const int64_t batch = varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);
   const int64_t heads_q = q.size(-2), heads_kv = k_cache.size(2), head_dim = q.size(-1);
-  // The kernels copy whole 16-byte rows (8 elements); the Python op checks this too, but the
-  // internal op can be called directly.
-  TORCH_CHECK_VALUE(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 256 &&
-                        k_cache.size(-1) == head_dim && v_cache.size(-1) == head_dim,
-                    "_fwd_kvcache_cuda: the head dim of q, k_cache and v_cache must be one "
-                    "multiple of 8 between 8 and 256; got ", head_dim, ", ", k_cache.size(-1),
-                    " and ", v_cache.size(-1));
-  TORCH_CHECK_VALUE(heads_kv > 0 && heads_q % heads_kv == 0, "_fwd_kvcache_cuda: the number of "
-                    "heads of q (", heads_q, ") must be a multiple of the cache's (", heads_kv,
-                    ") (MHA, GQA or MQA)");
   const int64_t seqlen_q = varlen_q ? max_seqlen_q.value_or(q.size(0)) : q.size(1);
   Tensor lse = varlen_q
                    ? at::full({heads_q, q.size(0)}, -std::numeric_limits<float>::infinity(),
@@ -314,6 +284,6 @@ Tensor combine_cuda(const Tensor& out_partial, const Tensor& lse_partial, Tensor
 
 TORCH_LIBRARY_IMPL(flash_cuda, CUDA, m) {
   m.impl("_combine_cuda", &flash_cuda::combine_cuda);
-  m.impl("_fwd_kvcache_cuda", &flash_cuda::fwd_kvcache_cuda);
+  m.impl("fwd_kvcache", &flash_cuda::fwd_kvcache_cuda);
   m.impl("_kvcache_num_splits", &flash_cuda::kvcache_num_splits);
 }

@@ -128,16 +128,6 @@ TORCH_LIBRARY(flash_cuda, m) {
       "Tensor? cu_seqlens_k_new, SymInt? max_seqlen_q, Tensor? rotary_seqlens, "
       "float softmax_scale, bool causal, int window_left, int window_right, "
       "bool rotary_interleaved, int num_splits, Tensor(c!) out) -> Tensor softmax_lse");
-  // fwd_kvcache's CUDA work once flash_cuda/_ops.py has checked the op rules (internal: call
-  // fwd_kvcache instead).
-  m.def(
-      "_fwd_kvcache_cuda(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
-      "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
-      "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor? page_table, "
-      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k_new, SymInt? max_seqlen_q, "
-      "Tensor? rotary_seqlens, float softmax_scale, bool causal, int window_left, "
-      "int window_right, bool rotary_interleaved, int num_splits, Tensor(c!) out) "
-      "-> Tensor softmax_lse");
   // The split count the KV-cache kernels take for a problem of these sizes on cache_seqlens'
   // device (get_scheduler_metadata; internal).
   m.def(
