@@ -460,9 +460,43 @@ def test_cpp_and_python_rules_say_the_same(cpp_rules, changes):
     assert python is not None and python == cpp
 
 
-def test_cpp_rules_pass_a_valid_call(cpp_rules):
-    args = _good_op_args("cpu")
-    assert cpp_rules(**args) is not None
+def _paged(a):
+    return dict(k_cache=a["k_cache"].reshape(B * 3, CAP // 3, HK, D),
+                v_cache=a["v_cache"].reshape(B * 3, CAP // 3, HK, D),
+                page_table=_int32(a, [[5, 4, 3], [2, 1, 0]]))
+
+
+def _packed_new_keys(a):
+    return dict(k=a["k"].flatten(0, 1), v=a["v"].flatten(0, 1),
+                cu_seqlens_k_new=_int32(a, [0, 1, 2]))
+
+
+VALID_CHANGES = [
+    ("dense", lambda a: {}),
+    ("no_new_keys", _with(k=None, v=None)),
+    ("paged", _paged),
+    ("varlen_q", lambda a: {**_varlen_q(a), "max_seqlen_q": 1}),
+    ("varlen_q_packed_new_keys", lambda a: {**_varlen_q(a), "max_seqlen_q": 1,
+                                            **_packed_new_keys(a)}),
+    ("empty_batch", lambda a: dict(q=a["q"][:0].flatten(0, 1), out=a["out"][:0].flatten(0, 1),
+                                   cu_seqlens_q=_int32(a, [0]), max_seqlen_q=0, k=None, v=None,
+                                   cache_seqlens=None)),
+    ("rotary", lambda a: {**_rotary(a), "rotary_seqlens": _int32(a, [1, 2])}),
+    ("batch_idx", lambda a: dict(k_cache=a["k_cache"][:1], v_cache=a["v_cache"][:1],
+                                 cache_batch_idx=_int32(a, [0, 0]))),
+    ("leftpad_window", lambda a: dict(cache_leftpad=_int32(a, [1, 0]), window_left=5,
+                                      window_right=0)),
+    ("mqa_head_dim_8", lambda a: {n: a[n][..., :1, :8].contiguous()
+                                  for n in ("k_cache", "v_cache", "k", "v")} |
+     {n: a[n][..., :8].contiguous() for n in ("q", "out")}),
+]
+
+
+@pytest.mark.parametrize("changes", [pytest.param(c[1], id=c[0]) for c in VALID_CHANGES])
+def test_cpp_rules_pass_what_python_passes(cpp_rules, changes):
+    args = _bad_op_args(changes, "cpu")
+    assert _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args)) is None
+    assert _message(lambda: cpp_rules(**args)) is None
 
 
 @pytest.mark.cuda
