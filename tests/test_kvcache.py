@@ -460,7 +460,7 @@ def test_cpp_and_python_rules_say_the_same(cpp_rules, changes):
     assert python is not None and python == cpp
 
 
-def _paged(a):
+def _paged_args(a):
     return dict(k_cache=a["k_cache"].reshape(B * 3, CAP // 3, HK, D),
                 v_cache=a["v_cache"].reshape(B * 3, CAP // 3, HK, D),
                 page_table=_int32(a, [[5, 4, 3], [2, 1, 0]]))
@@ -474,7 +474,7 @@ def _packed_new_keys(a):
 VALID_CHANGES = [
     ("dense", lambda a: {}),
     ("no_new_keys", _with(k=None, v=None)),
-    ("paged", _paged),
+    ("paged", _paged_args),
     ("varlen_q", lambda a: {**_varlen_q(a), "max_seqlen_q": 1}),
     ("varlen_q_packed_new_keys", lambda a: {**_varlen_q(a), "max_seqlen_q": 1,
                                             **_packed_new_keys(a)}),
