@@ -438,7 +438,7 @@ def check_kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                      max_seqlen_q, rotary_seqlens, softmax_scale, window_left,
                      window_right, out) -> int:
     """The rules of torch.ops.flash_cuda.fwd_kvcache; returns the batch size.  The CUDA kernel
-    checks the same rules, in this order, in C++ (csrc/ops/kvcache_cuda.cpp: check_kvcache_op)
+    checks the same rules, in this order, in C++ (csrc/ops/kvcache_checks.h: check_kvcache_op)
     with the same messages."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_is_tensor(name, t)

@@ -379,7 +379,7 @@ def _bad_op_args(changes, device):
 
 
 @pytest.mark.parametrize("changes, match", [pytest.param(c[1], c[2], id=c[0]) for c in OP_CASES])
-def test_op_rule_names_the_argument(changes, match):
+def test_op_rule_of_each_argument(changes, match):
     with pytest.raises(ValueError, match=match):
         torch.ops.flash_cuda.fwd_kvcache(**_bad_op_args(changes, "cpu"))
 
@@ -497,6 +497,24 @@ def test_cpp_rules_pass_what_python_passes(cpp_rules, changes):
     args = _bad_op_args(changes, "cpu")
     assert _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args)) is None
     assert _message(lambda: cpp_rules(**args)) is None
+
+
+def _cuda_kernel_on_cpu_tensors(args):
+    """fwd_kvcache's CUDA kernel called with CPU tensors (through the CUDA dispatch key): its
+    rules run before it touches a device, so a build with CUDA kernels checks them without one."""
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    return torch.ops.flash_cuda.fwd_kvcache.default.redispatch(keys, **args)
+
+
+@pytest.mark.skipif(not flash_cuda.build_info()["head_dims"]["fwd_kvcache"],
+                    reason="a build without KV-cache kernels has no C++ CUDA kernel to call")
+@pytest.mark.parametrize("changes", [pytest.param(c[1], id=c[0]) for c in OP_CASES])
+def test_cuda_kernel_and_python_rules_say_the_same(changes):
+    """The compiled CUDA kernel's rules (csrc/ops/kvcache_cuda.cpp calling kvcache_checks.h)
+    against the Python ones, on CPU tensors: no GPU needed."""
+    args = _bad_op_args(changes, "cpu")
+    python = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
+    assert python is not None and python == _message(lambda: _cuda_kernel_on_cpu_tensors(args))
 
 
 @pytest.mark.cuda

@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <cctype>
+#include <cmath>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -13,7 +15,7 @@
 namespace flash_cuda {
 
 // torch's Python names of dtypes, as the messages of flash_cuda/_checks.py print them.
-inline const char* dtype_name(at::ScalarType t) {
+inline std::string dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kHalf: return "float16";
     case at::kBFloat16: return "bfloat16";
@@ -35,7 +37,11 @@ inline const char* dtype_name(at::ScalarType t) {
     case at::kFloat8_e5m2: return "float8_e5m2";
     case at::kFloat8_e4m3fnuz: return "float8_e4m3fnuz";
     case at::kFloat8_e5m2fnuz: return "float8_e5m2fnuz";
-    default: return c10::toString(t);
+    default: {  // Python's names are c10's in lower case (Float8_e8m0fnu, UInt1, QInt8, Bits8)
+      std::string name = c10::toString(t);
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return name;
+    }
   }
 }
 
@@ -82,7 +88,7 @@ inline void check_scale(double scale) {
   TORCH_CHECK_VALUE(scale >= 1e-30 && scale <= 1e30,  // false for NaN too
                     "softmax_scale must be a finite number > 0, within [1e-30, 1e+30] (the "
                     "kernels take the running max of unscaled scores and scale in float32); got ",
-                    scale, ".");
+                    std::isnan(scale) ? "nan" : c10::str(scale), ".");  // Python prints no sign
 }
 
 }  // namespace flash_cuda

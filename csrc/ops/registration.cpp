@@ -1,7 +1,8 @@
 // The op schemas of torch.ops.flash_cuda.* and the flash_cuda._C module (build_info).  It needs
 // no CUDA, so a build without nvcc still defines the ops: their CPU, fake and autograd
 // implementations are registered from Python (flash_cuda/_ops.py), the CUDA ones in
-// attention_cuda.cpp.
+// attention_cuda.cpp (fwd, bwd) and kvcache_cuda.cpp (fwd_kvcache, _combine_cuda,
+// _kvcache_num_splits).
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
