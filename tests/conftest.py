@@ -58,6 +58,16 @@ def kernel_families():
             and any(runs(t) for t in info["family_info"][name]["targets"])]
 
 
+def first_error_line(call):
+    """(exception type name, first line of its message) that call() raises, or None: what the
+    tests comparing two implementations' checks compare."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  (the type is compared too)
+        return type(exc).__name__, str(exc).split("\n")[0]
+    return None
+
+
 def skip_unless_built(dtype, head_dim, directions=("fwd", "bwd")):
     """Skip, naming the knob, where this build holds no kernel for `dtype` at a head dim >= `head_dim`
     in one of `directions` (a FLASH_CUDA_DTYPES / FLASH_CUDA_HDIMS subset build); a full build

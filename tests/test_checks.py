@@ -16,6 +16,8 @@ from flash_cuda import (
     flash_attn_varlen_func,
 )
 
+from conftest import first_error_line
+
 HEAD_DIM = 16
 HAS_CUDA = torch.cuda.is_available()
 
@@ -367,12 +369,6 @@ def test_cuda_kernel_is_registered():
                           False)
 
 
-def _message(call):
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001  (the type is compared too)
-        return type(exc).__name__, str(exc).split("\n")[0]
-    return None
 
 
 @pytest.mark.fast
@@ -384,11 +380,11 @@ def test_cuda_and_fake_kernels_say_the_same(varlen, changes):
     (what torch.compile meets) on the same CUDA inputs (Note [Checks in two places])."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     args = _bad_args(varlen, changes, "cuda")
-    real = _message(lambda: _call_op(args))
+    real = first_error_line(lambda: _call_op(args))
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
                      for n, a in args.items()}
-        fake = _message(lambda: _call_op(fake_args))
+        fake = first_error_line(lambda: _call_op(fake_args))
     assert real is not None and real == fake
 
 
@@ -401,11 +397,11 @@ def test_cuda_and_fake_bwd_kernels_say_the_same(changes):
     args = _bwd_args("cuda")
     for name, change in changes.items():
         args[name] = change(args[name])
-    real = _message(lambda: torch.ops.flash_cuda.bwd(**args))
+    real = first_error_line(lambda: torch.ops.flash_cuda.bwd(**args))
     with FakeTensorMode() as mode:
         fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
                      for n, a in args.items()}
-        fake = _message(lambda: torch.ops.flash_cuda.bwd(**fake_args))
+        fake = first_error_line(lambda: torch.ops.flash_cuda.bwd(**fake_args))
     assert real is not None and real == fake
 
 

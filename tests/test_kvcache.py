@@ -10,6 +10,8 @@ import flash_cuda
 from flash_cuda import flash_attn_with_kvcache
 from flash_cuda.reference_kvcache import kvcache_forward_reference
 
+from conftest import first_error_line
+
 B, HQ, HK, D, CAP = 2, 4, 2, 64, 48
 
 
@@ -384,12 +386,6 @@ def test_op_rule_of_each_argument(changes, match):
         torch.ops.flash_cuda.fwd_kvcache(**_bad_op_args(changes, "cpu"))
 
 
-def _message(call):
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001  (the type is compared too)
-        return type(exc).__name__, str(exc).split("\n")[0]
-    return None
 
 
 @pytest.mark.cuda
@@ -402,11 +398,11 @@ def test_cuda_and_fake_kernels_say_the_same(changes):
     if not flash_cuda.build_info()["head_dims"]["fwd_kvcache"]:
         pytest.skip("this build holds no KV-cache kernels")
     args = _bad_op_args(changes, "cuda")
-    real = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
+    real = first_error_line(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
     with FakeTensorMode() as mode:
         fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
                      for n, a in args.items()}
-        fake = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**fake_args))
+        fake = first_error_line(lambda: torch.ops.flash_cuda.fwd_kvcache(**fake_args))
     assert real is not None and real == fake
 
 
@@ -455,8 +451,8 @@ def test_cpp_and_python_rules_say_the_same(cpp_rules, changes):
     inputs: the same exception, word for word (what the CUDA test below checks on a GPU, here
     without one)."""
     args = _bad_op_args(changes, "cpu")
-    python = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
-    cpp = _message(lambda: cpp_rules(**args))
+    python = first_error_line(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
+    cpp = first_error_line(lambda: cpp_rules(**args))
     assert python is not None and python == cpp
 
 
@@ -495,8 +491,8 @@ VALID_CHANGES = [
 @pytest.mark.parametrize("changes", [pytest.param(c[1], id=c[0]) for c in VALID_CHANGES])
 def test_cpp_rules_pass_what_python_passes(cpp_rules, changes):
     args = _bad_op_args(changes, "cpu")
-    assert _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args)) is None
-    assert _message(lambda: cpp_rules(**args)) is None
+    assert first_error_line(lambda: torch.ops.flash_cuda.fwd_kvcache(**args)) is None
+    assert first_error_line(lambda: cpp_rules(**args)) is None
 
 
 def _cuda_kernel_on_cpu_tensors(args):
@@ -513,8 +509,8 @@ def test_cuda_kernel_and_python_rules_say_the_same(changes):
     """The compiled CUDA kernel's rules (csrc/ops/kvcache_cuda.cpp calling kvcache_checks.h)
     against the Python ones, on CPU tensors: no GPU needed."""
     args = _bad_op_args(changes, "cpu")
-    python = _message(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
-    assert python is not None and python == _message(lambda: _cuda_kernel_on_cpu_tensors(args))
+    python = first_error_line(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
+    assert python is not None and python == first_error_line(lambda: _cuda_kernel_on_cpu_tensors(args))
 
 
 @pytest.mark.cuda

@@ -45,14 +45,7 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool varlen) {
   TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                     "q, k, v must share one dtype; got q ", dtype_name(q.scalar_type()), ", k ",
                     dtype_name(k.scalar_type()), ", v ", dtype_name(v.scalar_type()), ".");
-  // A CUDA argument brings a call here even when q is on the CPU; the rules are q's device's
-  // (and a device check below then names the misplaced argument).
-  const bool float32_ok = !q.is_cuda();
-  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 ||
-                        (float32_ok && q.scalar_type() == at::kFloat),
-                    "q has dtype ", dtype_name(q.scalar_type()),
-                    ", which flash_cuda does not support on ", q.device().type(),
-                    "; use float16 or bfloat16 (float32 is also accepted on the CPU).");
+  check_q_dtype(q);
   check_rank("q", q, varlen);
   check_rank("k", k, varlen);
   check_rank("v", v, varlen);

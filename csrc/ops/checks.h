@@ -54,6 +54,17 @@ inline std::string shape(at::IntArrayRef sizes) {
   return out.str();
 }
 
+// A CUDA argument brings a call to a CUDA kernel even when q is on the CPU; the rules are q's
+// device's (and a device check after this one names the misplaced argument).
+inline void check_q_dtype(const at::Tensor& q) {
+  const bool float32_ok = !q.is_cuda();
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 ||
+                        (float32_ok && q.scalar_type() == at::kFloat),
+                    "q has dtype ", dtype_name(q.scalar_type()),
+                    ", which flash_cuda does not support on ", q.device().type(),
+                    "; use float16 or bfloat16 (float32 is also accepted on the CPU).");
+}
+
 inline void check_rank(const char* name, const at::Tensor& t, bool varlen) {
   TORCH_CHECK_VALUE(t.dim() == (varlen ? 3 : 4), name, " must be ",
                     varlen ? "3-D (total_tokens, heads, head_dim) for varlen attention "

@@ -46,13 +46,7 @@ inline int64_t check_kvcache_op(const at::Tensor& q, const at::Tensor& k_cache, 
                         type == c10::DeviceType::Meta,
                     "q is on ", q.device(), "; flash_cuda runs on CUDA devices and on the CPU "
                     "(the reference implementation).");
-  // A CUDA argument brings a call here even when q is on the CPU; the rules are q's device's.
-  const bool float32_ok = !q.is_cuda();
-  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 ||
-                        (float32_ok && q.scalar_type() == at::kFloat),
-                    "q has dtype ", dtype_name(q.scalar_type()),
-                    ", which flash_cuda does not support on ", q.device().type(),
-                    "; use float16 or bfloat16 (float32 is also accepted on the CPU).");
+  check_q_dtype(q);
   const bool varlen_q = cu_seqlens_q.has_value();
   check_rank("q", q, varlen_q);
   const int64_t heads_kv = k_cache.dim() == 4 ? k_cache.size(-2) : 0;
