@@ -180,6 +180,13 @@ def test_decode_paged(dtype, page_size, num_splits):
     # inside one page at an offset (one lookup a tile).
     dict(leftpad=True, page_size=16), dict(leftpad=(16, 0, 48), page_size=64),
     dict(leftpad=(16, 0, 48), page_size=64, num_splits=3, lengths=(40, 200, 290)),
+    # Decode over caches whose rows past each sequence's keys hold NaN: dense, pages of whole
+    # key tiles (TMA key tiles on sm90, Note [TMA key tiles]: the block zeroes those V rows),
+    # split, under cache_batch_idx and after a dense leftpad (a tile off the rows' grid).
+    dict(poison_tail=True), dict(poison_tail=True, page_size=16, num_splits=3),
+    dict(poison_tail=True, page_size=64, lengths=(1, 17, 113)),
+    dict(poison_tail=True, batch_idx=True, heads=(8, 1)),
+    dict(poison_tail=True, leftpad=(3, 0, 5), num_splits=3),
     # Chunked prefill: many query rows (the Hopper family's, where it runs).
     dict(seqlen_q=200, n_new=200, cap=600, poison_tail=True),
     dict(seqlen_q=130, n_new=0, causal=False, cap=600),
@@ -443,6 +450,42 @@ def test_families_take_their_problems():
             torch.cuda.synchronize()
         names = " ".join(e.name for e in prof.events())
         assert "gather_kv" not in names and "CacheKeysConfig" in names
+
+
+def test_decode_takes_tma_key_tiles_where_it_can():
+    """On an sm90 GPU running the portable family's sm_90 code, a decode step at a head dim of
+    whole 64-column blocks loads its key tiles by TMA over a dense cache and over pages of whole
+    key tiles, and by cp.async over pages of 1 and over pages after a leftpad."""
+    from flash_cuda import build_info, flash_attn_with_kvcache
+    tma_dims = [d for d in HEAD_DIMS if d % 64 == 0]
+    targets = build_info().get("family_info", {}).get("sm80", {}).get("targets", [])
+    if (not tma_dims or torch.cuda.get_device_capability()[0] != 9 or "sm_90" not in targets
+            or os.environ.get("FLASH_CUDA_NO_TMA_DECODE") == "1"
+            or os.environ.get("FLASH_CUDA_FAMILY", "") not in ("", "sm80")):
+        pytest.skip("needs an sm90 GPU, the portable family's sm_90 code and a head dim of "
+                    "whole 64-column blocks")
+    dtype, d = DTYPES[0], tma_dims[-1]
+    gen = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(2, 512, 2, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([100, 500], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 8, d, device="cuda", dtype=dtype)
+
+    def kernels(page_size=None, **kwargs):
+        k, v, extra = k_cache, v_cache, {}
+        if page_size is not None:
+            k, table = paged(k_cache, page_size, gen)
+            v, extra = paged_like(table, page_size, v_cache), {"page_table": table}
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, **extra, **kwargs)
+            torch.cuda.synchronize()
+        return " ".join(e.name for e in prof.events())
+
+    assert "fwd_kvcache_tma_kernel" in kernels()
+    assert "fwd_kvcache_tma_kernel" in kernels(16)
+    assert "fwd_kvcache_tma_kernel" not in kernels(1)
+    pads = torch.tensor([3, 0], dtype=torch.int32, device="cuda")
+    assert "fwd_kvcache_tma_kernel" not in kernels(16, cache_leftpad=pads)
 
 
 def test_prefill_over_a_page_table_wider_than_one_gather():

@@ -44,6 +44,45 @@ __device__ __forceinline__ void bulk_store(void* gmem, const void* smem, int byt
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// An mbarrier in shared memory whose phase completes once `count` threads have arrived and the
+// bytes they announced have landed.  Initialised by one thread, then fence_barrier_init and a
+// block barrier before any use.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Arrives on `bar` and announces `bytes` more to land in its current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Returns once the phase of parity `phase` of `bar` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// One TMA box of a 4-D tensor map (a __grid_constant__ kernel parameter) at coordinates
+// (c0, c1, c2, c3), innermost first, into shared memory; its bytes count towards `bar`.
+__device__ __forceinline__ void tma_load_4d(void* smem, const void* tensor_map, int c0, int c1,
+                                            int c2, int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6];\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(smem_addr(bar))
+      : "memory");
+}
 #endif
 // 4-byte variant for per-row statistics (lse, rowsum(dO*O)); zero-filled when !valid.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {

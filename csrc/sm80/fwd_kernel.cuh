@@ -3,6 +3,8 @@
 // Masking, sequence geometry and tile shapes come from the shared components.
 #pragma once
 
+#include <cuda.h>
+
 #include <cmath>
 #include <type_traits>
 
@@ -21,6 +23,7 @@ namespace flash_cuda::sm80 {
 // K and V, as the fwd op.
 template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false> struct FwdKernel {
   using Element = typename DeviceType<ElementTag>::type;
+  using Tag = ElementTag;
   using Config = Config_;
   static constexpr bool kKvcache = kKvcache_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -71,11 +74,22 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
   template <int kUnused> struct RowExchange<1, kUnused> {};
   // O is staged through q's buffer in the epilogue (each warp rewrites only its own rows and
   // columns, after a barrier that every Q.K^T precedes).
-  struct SharedStorage : RowExchange<kWarpsN> {
+  struct PlainStorage : RowExchange<kWarpsN> {
     alignas(16) Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) Rows
     Element k[kKvStages * kBlockN * kPitch];  // kKvStages x (kBlockN, kHeadDim) Rows
     Element v[kKvStages * kBlockN * kPitch];  // kKvStages x (kBlockN, kHeadDim) Rows
   };
+  // Key tiles by TMA (Config::kTmaKeys; Note [TMA key tiles]): each stage of K and of V is
+  // kHeadDim / 64 blocks of (kBlockN, 64) in the 128-byte swizzle, each block 1024-byte aligned
+  // as the swizzle needs; one mbarrier a stage.
+  static constexpr bool kTmaKeys = Config::kTmaKeys;
+  struct TmaStorage {
+    alignas(1024) Element k[kKvStages * kBlockN * kHeadDim];
+    alignas(1024) Element v[kKvStages * kBlockN * kHeadDim];
+    alignas(16) Element q[kBlockM * kPitch];  // (kBlockM, kHeadDim) Rows
+    uint64_t full[kKvStages];
+  };
+  using SharedStorage = std::conditional_t<kTmaKeys, TmaStorage, PlainStorage>;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= Config::kMaxSmemBytes, "the tile config must fit its archs' blocks");
   // The README promises the forward on sm86/sm89 for every head dim but 161-192.
@@ -111,9 +125,14 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
   // s[mt][nt] += Q[warp rows] . K^T for one key tile (fp32 accumulators, m16n8 layout).  The
   // fragments of k-step ks + 1 are loaded before the MMAs of step ks, so that no MMA waits for
   // the ldmatrix that feeds it.
+  // kSwizzledKeys: K in TMA's 128-byte swizzle (TmaStorage): chunk c of key row r at
+  // c ^ (r mod 8) in its 64-column block; r mod 8 is lane mod 8 here, so the lane's XOR term
+  // is fixed and each k-step adds its own constant.
+  template <bool kSwizzledKeys = false>
   static __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const Element* sq,
                                                  const Element* sk, int warp_row0, int lane) {
     const int swap = Rows::lane_chunk_swap(lane);  // every row here is lane mod 8
+    const int key_xor = ((lane / 8) % 2) ^ (lane % 8);  // kSwizzledKeys only
     uint32_t a[2][kMTiles][4], b[2][kNTiles / 2][4];
     auto load = [&](int ks, int slot) {
 #pragma unroll
@@ -124,8 +143,14 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         // Matrices: keys 0-7 | k 0-7, keys 0-7 | k 8-15, keys 8-15 | k 0-7, keys 8-15 | k 8-15.
-        ldmatrix_x4(b[slot][np], sk + (np * 16 + (lane / 16) * 8 + lane % 8) * kPitch + ks * 16 +
-                                     (((lane / 8) % 2) ^ swap) * 8);
+        if constexpr (kSwizzledKeys) {
+          ldmatrix_x4(b[slot][np], sk + (ks / 4) * (kBlockN * 64) +
+                                       (np * 16 + (lane / 16) * 8 + lane % 8) * 64 +
+                                       (((ks % 4) * 2) ^ key_xor) * 8);
+        } else {
+          ldmatrix_x4(b[slot][np], sk + (np * 16 + (lane / 16) * 8 + lane % 8) * kPitch +
+                                       ks * 16 + (((lane / 8) % 2) ^ swap) * 8);
+        }
       }
     };
     load(0, 0);
@@ -144,18 +169,27 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
 
   // o[mt][dt] += P . V over one warp's key range: P arrives packed to 16 bits in the A-operand
   // layout (see pack_p); sv points at V's row of the range's first key and the warp's first dim.
+  // kSwizzledKeys: V as gemm_qk's K (TmaStorage).
+  template <bool kSwizzledKeys = false>
   static __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4],
                                                  const uint32_t (&p)[kMTiles][kPvSteps][4],
                                                  const Element* sv, int lane) {
     const int swap = Rows::lane_chunk_swap(lane);  // every row here is lane mod 8
+    const int key_xor = (lane / 16) ^ (lane % 8);   // kSwizzledKeys only
 #pragma unroll
     for (int kk = 0; kk < kPvSteps; ++kk) {
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         // V is (key, dim) in smem; .trans hands each thread the key pair the B operand needs.
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kPitch + dp * 16 +
-                                 ((lane / 16) ^ swap) * 8);
+        if constexpr (kSwizzledKeys) {
+          ldmatrix_x4_trans(b, sv + (dp / 4) * (kBlockN * 64) +
+                                   (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * 64 +
+                                   (((dp % 4) * 2) ^ key_xor) * 8);
+        } else {
+          ldmatrix_x4_trans(b, sv + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kPitch +
+                                   dp * 16 + ((lane / 16) ^ swap) * 8);
+        }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<Element>(o[mt][2 * dp], p[mt][kk], b[0], b[1]);
@@ -317,7 +351,10 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
     named_barrier_sync(1 + warp_m, kWarpsN * 32);
   }
 
-  static __device__ void run(const FwdParams& p, SharedStorage& smem);
+  // tma_k, tma_v: the caches' tensor maps (kTmaKeys kernels only; __grid_constant__).
+  static __device__ void run(const FwdParams& p, SharedStorage& smem,
+                             const CUtensorMap* tma_k = nullptr,
+                             const CUtensorMap* tma_v = nullptr);
   static __device__ void epilogue(const FwdParams& p, SharedStorage& smem,
                                   float (&o)[kMTiles][kDTiles][4], RowState& st,
                                   const SeqlenInfo& sq, int m0, int head, int batch);
@@ -343,8 +380,8 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
 // blocks, whose key tiles are staged (Note [Staged key tiles]); longer queries run the
 // forward's own tiles through the loop below it.
 template <class ElementTag, int kHeadDim, class Config, bool kKvcache_>
-__device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const FwdParams& p,
-                                                                        SharedStorage& smem) {
+__device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(
+    const FwdParams& p, SharedStorage& smem, const CUtensorMap* tma_k, const CUtensorMap* tma_v) {
   // Rank 0 is the last query tile: with a causal mask it sees the most keys (with a window
   // bounded only on the left, the fewest).
   const BlockTile tile = block_tile(p.block_shift);
@@ -515,31 +552,127 @@ __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(const Fw
       }
       cp_async_commit();
     };
+    if constexpr (kTmaKeys) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      // Note [TMA key tiles]
+      // In sm90 code of a kTmaKeys config, key tile i of K and of V arrives as kHeadDim / 64
+      // TMA boxes of (64 columns, kBlockN rows) each, issued by thread 0 onto stage i %
+      // kKvStages's mbarrier, instead of the block's cp.async copies (16 bytes a lane, an
+      // address each: most of what a one-warp decode block issues besides its MMAs, NOTES
+      // entries 48 and 91).  The tensor maps (launch_fwd_kvcache.cuh) span a dense cache's
+      // (d, rows, heads, cache rows) or a paged cache's (d, page rows, heads, pages); a tile
+      // lies inside one page (the launcher takes pages of a multiple of kBlockN rows and no
+      // leftpad), looked up a step ahead.  Columns past the head dim and rows past the cache
+      // arrive as zeros; rows past the sequence's keys inside the cache hold whatever the
+      // cache holds (NaN in an unwritten slot): their scores are masked, and the block zeroes
+      // them in V, since a masked P of 0 times NaN is NaN.  Q still arrives by cp.async.
+      constexpr int kColBlocks = kHeadDim / 64;
+      constexpr int kStageElems = kBlockN * kHeadDim;
+      constexpr uint32_t kTileBytes = uint32_t(kStageElems * sizeof(Element));
+      if (steps > 0) cp_async_commit();  // Q's group
+      if (threadIdx.x == 0) {
 #pragma unroll
-    for (int i = 0; i < kKvStages - 1; ++i) {
-      if (kPrefetch && paged) lookup(i);
-      issue(i);
-    }
-    if (kPrefetch && paged) lookup(kKvStages - 1);
-    for (int i = 0; i < steps; ++i) {
-      __syncthreads();
-      issue(i + kKvStages - 1);
-      if (kPrefetch && paged) lookup(i + kKvStages);
-      cp_async_wait<kKvStages - 1>();
-      __syncthreads();
-      const int n0 = (n_end - 1 - i) * kBlockN;
-      const int stage = i % kKvStages;
-      float s[kMTiles][kNTiles][4];
-      zero(s);
-      gemm_qk(s, smem.q, smem.k + stage * kBlockN * kPitch, warp_row0, lane);
-      if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
-        apply_mask(s, mask, m0 + warp_row0, n0, lane);
+        for (int stage = 0; stage < kKvStages; ++stage) mbarrier_init(&smem.full[stage], 1);
+        fence_barrier_init();
       }
-      float unused[kMTiles][2];
-      softmax_step(s, o, st, scale_log2, unused);
-      uint32_t p_packed[kMTiles][kPvSteps][4];
-      pack_p(p_packed, s);
-      gemm_pv(o, p_packed, smem.v + stage * kBlockN * kPitch, lane);
+      __syncthreads();
+      const int* pages = paged ? p.kv.page_table + int64_t(batch) * p.kv.pages_per_seq : nullptr;
+      int next_row = 0, next_outer = 0;  // the next tile to issue: its first row, page or row
+      auto lookup_tile = [&](int i) {
+        if (threadIdx.x != 0 || i >= steps) return;
+        const int row = sk.offset + (n_end - 1 - i) * kBlockN;
+        if (paged) {
+          const int index = page_index(row);
+          next_outer = min(max(pages[index], 0), p.kv.cache_dim0 - 1);
+          next_row = row - index * page_size;
+        } else {
+          next_outer = kv_batch;
+          next_row = row;
+        }
+      };
+      auto issue_tile = [&](int i) {
+        if (threadIdx.x != 0 || i >= steps) return;
+        const int stage = i % kKvStages;
+        mbarrier_arrive_expect_tx(&smem.full[stage], 2 * kTileBytes);
+#pragma unroll
+        for (int c = 0; c < kColBlocks; ++c) {
+          const int offset = stage * kStageElems + c * kBlockN * 64;
+          tma_load_4d(smem.k + offset, tma_k, c * 64, next_row, head_kv, next_outer,
+                      &smem.full[stage]);
+          tma_load_4d(smem.v + offset, tma_v, c * 64, next_row, head_kv, next_outer,
+                      &smem.full[stage]);
+        }
+      };
+#pragma unroll
+      for (int i = 0; i < kKvStages - 1; ++i) {
+        lookup_tile(i);
+        issue_tile(i);
+      }
+      lookup_tile(kKvStages - 1);
+      for (int i = 0; i < steps; ++i) {
+        __syncthreads();  // every thread is past step i - 1, whose stage issue_tile refills
+        fence_proxy_async_smem();
+        issue_tile(i + kKvStages - 1);
+        lookup_tile(i + kKvStages);
+        if (i == 0) {
+          cp_async_wait<0>();  // Q
+          __syncthreads();
+        }
+        const int stage = i % kKvStages;
+        mbarrier_wait(&smem.full[stage], uint32_t(i / kKvStages) & 1u);
+        const int n0 = (n_end - 1 - i) * kBlockN;
+        const int keys = sk.len - n0;
+        if (keys < kBlockN) {
+          Element* sv = smem.v + stage * kStageElems;
+          for (int c = threadIdx.x; c < kColBlocks * kBlockN * 8; c += kThreads) {
+            if ((c / 8) % kBlockN >= keys) {
+              *reinterpret_cast<uint4*>(sv + c * 8) = make_uint4(0, 0, 0, 0);
+            }
+          }
+          __syncthreads();
+        }
+        float s[kMTiles][kNTiles][4];
+        zero(s);
+        gemm_qk<true>(s, smem.q, smem.k + stage * kStageElems, warp_row0, lane);
+        if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
+          apply_mask(s, mask, m0 + warp_row0, n0, lane);
+        }
+        float unused[kMTiles][2];
+        softmax_step(s, o, st, scale_log2, unused);
+        uint32_t p_packed[kMTiles][kPvSteps][4];
+        pack_p(p_packed, s);
+        gemm_pv<true>(o, p_packed, smem.v + stage * kStageElems, lane);
+      }
+#else
+      __trap();  // the launcher runs this config only where the device runs sm90 code
+#endif
+    } else {
+#pragma unroll
+      for (int i = 0; i < kKvStages - 1; ++i) {
+        if (kPrefetch && paged) lookup(i);
+        issue(i);
+      }
+      if (kPrefetch && paged) lookup(kKvStages - 1);
+      for (int i = 0; i < steps; ++i) {
+        __syncthreads();
+        issue(i + kKvStages - 1);
+        if (kPrefetch && paged) lookup(i + kKvStages);
+        cp_async_wait<kKvStages - 1>();
+        __syncthreads();
+        const int n0 = (n_end - 1 - i) * kBlockN;
+        const int stage = i % kKvStages;
+        float s[kMTiles][kNTiles][4];
+        zero(s);
+        gemm_qk(s, smem.q, smem.k + stage * kBlockN * kPitch, warp_row0, lane);
+        if (!mask.tile_all_visible(m0, kBlockM, n0, kBlockN)) {
+          apply_mask(s, mask, m0 + warp_row0, n0, lane);
+        }
+        float unused[kMTiles][2];
+        softmax_step(s, o, st, scale_log2, unused);
+        uint32_t p_packed[kMTiles][kPvSteps][4];
+        pack_p(p_packed, s);
+        gemm_pv(o, p_packed, smem.v + stage * kBlockN * kPitch, lane);
+      }
     }
     __syncthreads();
   } else if (n_begin < n_end) {
@@ -790,6 +923,22 @@ __global__ void __launch_bounds__(Kernel::kThreads, Kernel::Config::kMinBlocksPe
     fwd_kernel(const __grid_constant__ FwdParams params) {
   extern __shared__ __align__(16) char smem_buf[];
   Kernel::run(params, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_buf));
+}
+
+// The decode kernel of a kTmaKeys config: its parameters and the caches' tensor maps, which TMA
+// reads from the kernel's parameter space (Note [TMA key tiles]).
+struct DecodeTmaParams {
+  FwdParams fwd;
+  CUtensorMap k, v;
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, Kernel::Config::kMinBlocksPerSm)
+    fwd_kvcache_tma_kernel(const __grid_constant__ DecodeTmaParams params) {
+  // TmaStorage's 1024-byte alignment is the dynamic shared memory's own (nothing is static).
+  extern __shared__ __align__(1024) char smem_tma_buf[];
+  Kernel::run(params.fwd, *reinterpret_cast<typename Kernel::SharedStorage*>(smem_tma_buf),
+              &params.k, &params.v);
 }
 
 }  // namespace flash_cuda::sm80

@@ -5,11 +5,16 @@
 // q, then the partials.
 #pragma once
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 #include "common/append_kv.cuh"
 #include "common/combine.cuh"
@@ -27,10 +32,96 @@ template <class ElementTag, int kHeadDim>
 using KvcacheKernelSmall = FwdKernel<ElementTag, kHeadDim, FwdTileConfigSmall<kHeadDim>, true>;
 template <class ElementTag, int kHeadDim>
 using KvcacheKernelDecode = FwdKernel<ElementTag, kHeadDim, FwdDecodeTileConfig<kHeadDim>, true>;
+template <class ElementTag, int kHeadDim>
+using KvcacheKernelDecodeTma =
+    FwdKernel<ElementTag, kHeadDim, FwdDecodeTmaTileConfig<kHeadDim>, true>;
 
 constexpr int kMaxGridZ = 65535;
 
 template <class Kernel> struct KernelTag { using type = Kernel; };
+
+// The cp.async decode kernel a TMA one stands in for (Note [TMA key tiles]): the split count
+// and a launch whose tensor maps the driver refuses take it.
+template <class Kernel>
+using PlainDecodeOf = std::conditional_t<
+    Kernel::kTmaKeys, KvcacheKernelDecode<typename Kernel::Tag, Kernel::kHeadDim>, Kernel>;
+
+// The tensor maps of K and V for TMA key tiles of (64 columns, box_rows rows): a dense cache as
+// (head_dim, capacity, heads_kv, cache rows), a paged one as (head_dim, page_size, heads_kv,
+// pages), 128-byte swizzle, zeros outside.  False where the driver refuses them.
+inline bool encode_cache_maps(const FwdParams& p, bool bf16, int box_rows, CUtensorMap* k,
+                              CUtensorMap* v) {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  const KvCacheArgs& kv = p.kv;
+  const int64_t rows = kv.page_table != nullptr ? kv.page_size : kv.capacity;
+  if (encode == nullptr || p.head_dim <= 0 || rows <= 0 || p.heads_kv <= 0 || kv.cache_dim0 <= 0) {
+    return false;
+  }
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  auto one = [&](const TensorRef& t, CUtensorMap* map) {
+    const cuuint64_t dims[4] = {cuuint64_t(p.head_dim), cuuint64_t(rows), cuuint64_t(p.heads_kv),
+                                cuuint64_t(kv.cache_dim0)};
+    const cuuint64_t strides[3] = {cuuint64_t(t.row_stride) * 2, cuuint64_t(t.head_stride) * 2,
+                                   cuuint64_t(t.batch_stride) * 2};
+    return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  4, t.ptr, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  return one(p.k, k) && one(p.v, v);
+}
+
+// Whether the decode kernel with TMA key tiles (Note [TMA key tiles]) runs this problem: the
+// device runs its sm90 code (asked once per device), TMA can address the caches (16-byte
+// aligned bases and strides), and a paged cache's pages hold whole key tiles with no leftpad
+// shifting a sequence off them.  FLASH_CUDA_NO_TMA_DECODE=1 (read at every call) turns it off,
+// for comparisons.  The split count does not depend on the answer (kvcache_splits counts the
+// cp.async kernel's blocks for both), so get_scheduler_metadata, which has no cache pointers,
+// reports the count the call runs.
+template <class Kernel> bool decode_tma_fits(const FwdParams& p) {
+  const char* off = std::getenv("FLASH_CUDA_NO_TMA_DECODE");
+  if (off != nullptr && off[0] == '1' && off[1] == '\0') return false;
+  constexpr int kDevices = 64;
+  static std::atomic<int> runs_sm90[kDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (runs_sm90[device].load(std::memory_order_relaxed) == 0) {
+    bool yes = false;
+    if (runs_code_for(&fwd_kvcache_tma_kernel<Kernel>, 90, &yes) != cudaSuccess) {
+      (void)cudaGetLastError();  // the error this query raised, not an earlier one
+      return false;
+    }
+    runs_sm90[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+  }
+  if (runs_sm90[device].load(std::memory_order_relaxed) != 2) return false;
+  auto aligned = [](int64_t elements) { return elements % 8 == 0; };  // 16 bytes
+  const KvCacheArgs& kv = p.kv;
+  if (reinterpret_cast<uintptr_t>(p.k.ptr) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.v.ptr) % 16 != 0) {
+    return false;
+  }
+  for (const TensorRef* t : {&p.k, &p.v}) {
+    if (!aligned(t->row_stride) || !aligned(t->head_stride) || !aligned(t->batch_stride)) {
+      return false;
+    }
+  }
+  return kv.page_table == nullptr ||
+         (kv.page_size % Kernel::kBlockN == 0 && kv.leftpad == nullptr);
+}
 
 // Calls f(KernelTag<K>{}) with the kernel that runs this problem: the decode tiles when its
 // (packed) query rows per head fit one of their blocks, otherwise the forward's tiles (the
@@ -39,7 +130,13 @@ template <class ElementTag, int kHeadDim, class F>
 cudaError_t with_kvcache_kernel(const FwdParams& p, F&& f) {
   using Decode = KvcacheKernelDecode<ElementTag, kHeadDim>;
   using Kernel = KvcacheKernel<ElementTag, kHeadDim>;
-  if (packed_view(p).seq_q.seqlen <= Decode::kBlockM) return f(KernelTag<Decode>{});
+  if (packed_view(p).seq_q.seqlen <= Decode::kBlockM) {
+    if constexpr (kHeadDim % 64 == 0) {
+      using DecodeTma = KvcacheKernelDecodeTma<ElementTag, kHeadDim>;
+      if (decode_tma_fits<DecodeTma>(p)) return f(KernelTag<DecodeTma>{});
+    }
+    return f(KernelTag<Decode>{});
+  }
   if constexpr (Kernel::Config::kHasSmallTile) {
     int smem_limit = 0;
     const cudaError_t err = max_smem_per_block(&smem_limit);
@@ -54,7 +151,13 @@ cudaError_t with_kvcache_kernel(const FwdParams& p, F&& f) {
 // How many blocks of `Kernel` an SM holds at once (at least 1).
 template <class Kernel> int kvcache_blocks_per_sm() {
   int n = 0;
-  const auto kernel = &fwd_kernel<Kernel>;
+  const auto kernel = [] {
+    if constexpr (Kernel::kTmaKeys) {
+      return &fwd_kvcache_tma_kernel<Kernel>;
+    } else {
+      return &fwd_kernel<Kernel>;
+    }
+  }();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            Kernel::kSmemBytes) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Kernel::kThreads,
@@ -96,7 +199,7 @@ template <class Kernel> int kvcache_splits(const FwdParams& p, int sms) {
                              int(p.kv.capacity / kMinSplitKeys), kMaxWaveSplits,
                              kMaxGridZ / p.batch});
   if (blocks == 0 || most < 2) return 1;
-  const double slots = double(sms) * kvcache_blocks_per_sm<Kernel>();
+  const double slots = double(sms) * kvcache_blocks_per_sm<PlainDecodeOf<Kernel>>();
   if (double(blocks) * most < slots && blocks < int64_t(kShortGridBlocksPerSm) * sms) {
     const int64_t want = (int64_t(kShortGridBlocksPerSm) * sms + blocks - 1) / blocks;
     const bool few = blocks < kFewBlocks;
@@ -209,8 +312,21 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
   }
   v.block_shift = 0;
   const dim3 grid(tiles(v.seq_q.seqlen, Kernel::kBlockM), v.heads_q, v.batch * splits);
-  cudaError_t err = launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads,
-                                     Kernel::kSmemBytes, stream, v);
+  cudaError_t err;
+  if constexpr (Kernel::kTmaKeys) {
+    DecodeTmaParams tp;
+    tp.fwd = v;
+    if (!encode_cache_maps(v, std::is_same_v<typename Kernel::Element, __nv_bfloat16>,
+                           Kernel::kBlockN, &tp.k, &tp.v)) {
+      // Maps the driver refuses: the cp.async kernel, with the same split count.
+      return launch_kvcache<PlainDecodeOf<Kernel>>(params, workspace, splits, stream);
+    }
+    err = launch_with_smem(&fwd_kvcache_tma_kernel<Kernel>, grid, Kernel::kThreads,
+                           Kernel::kSmemBytes, stream, tp);
+  } else {
+    err = launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes,
+                           stream, v);
+  }
   if (err != cudaSuccess || splits <= 1) return err;
   CombineArgs c;
   c.split = p.split;

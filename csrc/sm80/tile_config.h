@@ -34,6 +34,7 @@ struct FwdTable {
   static constexpr bool kPrologueV = true;
   static constexpr bool kHasSmallTile = false;
   static constexpr bool kBulkStoreO = false;
+  static constexpr bool kTmaKeys = false;     // see FwdDecodeTmaTileConfig
 };
 template <int kHeadDim> struct FwdTileConfig;
 template <> struct FwdTileConfig<64> : FwdTable {  // O 64 + S 128 regs; kBlockN = 64: 4% slower
@@ -91,6 +92,15 @@ struct FwdDecodeTileConfig : FwdTable {
   // the latency the kernel is bound by (ptxas: 168 registers at 128, no spill; 128 spilled 136
   // bytes); at 256 shared memory allows 5 blocks whatever the registers.
   static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 16 : kHeadDim <= 128 ? 12 : 0;
+};
+
+// The decode tiles with their key tiles loaded by TMA in sm90 code (Note [TMA key tiles] in
+// sm80/fwd_kernel.cuh): head dims that are whole 64-column blocks, caches TMA can address
+// (launch_fwd_kvcache.cuh: decode_tma_fits); the launcher runs FwdDecodeTileConfig elsewhere.
+template <int kHeadDim> struct FwdDecodeTmaTileConfig : FwdDecodeTileConfig<kHeadDim> {
+  static_assert(kHeadDim % 64 == 0, "key tiles are 64-column TMA boxes");
+  static constexpr bool kTmaKeys = true;
+  static constexpr int kMaxSmemBytes = kMaxSmemBytesSm90;
 };
 
 // The KV-cache forward's tiles beyond decode (chunked prefill, longer queries): the forward's
