@@ -3,9 +3,12 @@ and paged caches (pages of 1, 3, 16, 256 rows), append with and without rotary (
 cache_batch_idx, cache_leftpad, packed q, causal and windows, GQA, splits 1, 3 and the
 heuristic's, caches laid out heads before rows ("HND"); outputs poisoned with the dtype's NaN;
 the caches' new rows; a decode step captured in a CUDA graph and replayed with new
-cache_seqlens."""
+cache_seqlens; steps queued without a sync against the same steps run one at a time."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -323,6 +326,69 @@ def test_cuda_graph_paged_append_rotary():
         torch.testing.assert_close(v_cache, before[1], atol=0, rtol=0)
 
 
+def _queued_steps(dtype, d, seed=1):
+    """Eight decode steps over one long cache (one KV head: many splits), each with its own
+    queries, appended key and lengths: their outputs queued without a sync between the steps,
+    and the same steps run one at a time."""
+    from flash_cuda import flash_attn_with_kvcache
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+    k_cache, v_cache = randn(2, 16384, 1, d), randn(2, 16384, 1, d)
+    steps = [(randn(2, 1, 8, d), randn(2, 1, 1, d), randn(2, 1, 1, d),
+              torch.tensor([16000 - 7 * i, 9000 + i], dtype=torch.int32, device="cuda"))
+             for i in range(8)]
+
+    def run(sync):
+        caches, outs = (k_cache.clone(), v_cache.clone()), []
+        for q, k, v, lens in steps:
+            outs.append(flash_attn_with_kvcache(q, *caches, k, v, cache_seqlens=lens))
+            if sync:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        return outs, caches
+    return run(True), run(False)
+
+
+def test_queued_steps_combine_their_own_partials():
+    """Steps queued back to back give the bits of steps run one at a time: each combine reads
+    its own step's partials, which sit where the step before left its own (the combine and the
+    attention kernel start while the kernel before them finishes: Note [Overlapped launches],
+    csrc/sm80/launch_fwd_kvcache.cuh)."""
+    if not DTYPES:
+        pytest.skip("no CUDA kernels in this build")
+    (alone, caches_alone), (queued, caches_queued) = _queued_steps(DTYPES[0], HEAD_DIMS[-1])
+    assert not torch.equal(alone[0], alone[1])  # the steps differ, so a stale read would show
+    for i, (a, b) in enumerate(zip(alone, queued)):
+        assert torch.equal(a, b), f"step {i}: queued output differs from the step run alone"
+    for a, b in zip(caches_alone, caches_queued):
+        assert torch.equal(a, b)
+
+
+def test_plain_launches_give_the_same_bits(tmp_path):
+    """FLASH_CUDA_NO_OVERLAP=1 launches the decode kernels plainly: the same outputs, bit for
+    bit (a process of its own for each setting)."""
+    if not DTYPES:
+        pytest.skip("no CUDA kernels in this build")
+    script = (
+        "import sys, torch\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from test_kvcache_cuda import _queued_steps, DTYPES, HEAD_DIMS\n"
+        "(alone, _), (queued, _) = _queued_steps(DTYPES[0], HEAD_DIMS[-1])\n"
+        "torch.save([t.cpu() for t in alone + queued], sys.argv[1])\n")
+    outs = {}
+    for flag in ("0", "1"):
+        path = tmp_path / f"overlap_{flag}.pt"
+        env = dict(os.environ, FLASH_CUDA_NO_OVERLAP=flag)
+        subprocess.run([sys.executable, "-c", script, str(path), os.path.dirname(__file__)],
+                       env=env, check=True, timeout=300)
+        outs[flag] = torch.load(path)
+    for i, (a, b) in enumerate(zip(outs["0"], outs["1"])):
+        assert torch.equal(a, b), f"output {i} differs between overlapped and plain launches"
+
+
 @pytest.mark.parametrize("seqlen_q", [1, 200])
 @pytest.mark.parametrize("table", ["q dtype", "rows apart", "float64", "strided last dim"])
 def test_rotary_tables_of_any_dtype_and_row_stride_give_the_float32_result(table, seqlen_q):
@@ -399,7 +465,6 @@ def test_prefill_reads_the_cache_in_place(case, d):
 def _hopper_kvcache():
     """Whether a chunked prefill runs on the Hopper family here (none of the knobs that send it
     elsewhere is set)."""
-    import os
     import flash_cuda
     info = flash_cuda.build_info()
     return torch.cuda.get_device_capability() == (9, 0) and "fwd_kvcache" in \

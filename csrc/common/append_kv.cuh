@@ -106,6 +106,7 @@ __device__ __forceinline__ int64_t paged_row_offset(const KvCacheArgs& kv, const
 // sequence blockIdx.z.
 template <class Element>
 __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const AppendArgs a) {
+  pdl_release();  // the attention kernel may start (Note [Overlapped launches])
   const int b = blockIdx.z;
   const int head = blockIdx.y;
   const int i = blockIdx.x * kAppendWarps + threadIdx.x / 32;
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
 // Grid (row blocks, heads, batch): q rotated into q_out, row by row.
 template <class Element>
 __global__ void __launch_bounds__(kAppendWarps * 32) rotate_q_kernel(const RotateQArgs a) {
+  pdl_release();  // the attention kernel may start (Note [Overlapped launches])
   const int b = blockIdx.z;
   const int head = blockIdx.y;
   const int i = blockIdx.x * kAppendWarps + threadIdx.x / 32;

@@ -33,6 +33,7 @@ inline dim3 combine_grid(int64_t rows_times_heads, int batch) {
 template <class Element>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const CombineArgs a) {
   __shared__ float4 sums[kCombineWarps - 1][kCombineMaxHeadDim / 4];
+  pdl_wait();  // the partials' kernel may still be running (Note [Overlapped launches])
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int batch = blockIdx.y;

@@ -47,9 +47,14 @@ inline cudaError_t sm_count(int* count) {
   return err;
 }
 
+template <class Params> cudaError_t launch_overlapped(void (*kernel)(Params), dim3 grid,
+                                                      int threads, int smem_bytes,
+                                                      cudaStream_t stream, const Params& params);
+
+// `overlap`: through launch_overlapped (the kernel calls pdl_wait first).
 template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim3 grid, int threads,
                                                      int smem_bytes, cudaStream_t stream,
-                                                     const Params& params) {
+                                                     const Params& params, bool overlap = false) {
   // Past 48 KB a kernel must opt in to more dynamic shared memory; past the (possibly lowered)
   // limit the opt-in fails the way it does on a GPU that has less.
   int limit = 0;
@@ -59,6 +64,7 @@ template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;  // nothing to do
+  if (overlap) return launch_overlapped(kernel, grid, threads, smem_bytes, stream, params);
   kernel<<<grid, threads, smem_bytes, stream>>>(params);
   return cudaGetLastError();
 }
@@ -72,6 +78,34 @@ template <class Params> cudaError_t runs_code_for(void (*kernel)(Params), int ar
   const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
   *yes = err == cudaSuccess && attr.ptxVersion >= arch;
   return err;
+}
+
+// Launches `kernel` allowed to start its blocks while the stream's previous kernel finishes
+// (programmatic dependent launch), where the code the device runs is sm90+ and so waits for
+// that kernel in pdl_wait before it reads anything the kernel writes (a build for sm80 only
+// runs compute_80 PTX on an sm90 GPU: no wait there, so no overlap).  Every kernel launched
+// this way calls pdl_wait before it exits, so that its completion still implies its
+// predecessors'.  FLASH_CUDA_NO_OVERLAP=1 (read at every launch) launches plainly, for
+// comparisons.
+template <class Params>
+cudaError_t launch_overlapped(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes,
+                              cudaStream_t stream, const Params& params) {
+  const char* text = std::getenv("FLASH_CUDA_NO_OVERLAP");
+  const bool off = text != nullptr && text[0] == '1' && text[1] == '\0';
+  bool overlap = false;
+  cudaError_t err = off ? cudaSuccess : runs_code_for(kernel, 90, &overlap);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, params);
 }
 
 }  // namespace flash_cuda

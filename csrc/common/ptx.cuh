@@ -84,6 +84,21 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const void* tensor_map, 
       : "memory");
 }
 #endif
+// Programmatic dependent launch (sm90+; nothing on older GPUs).  pdl_wait returns once every
+// kernel this grid was launched to overlap (launch_overlapped) has completed and its memory
+// writes are visible; a grid launched without overlap returns at once.  pdl_release lets the
+// stream's next kernel, if launched to overlap, start its blocks once every block of this grid
+// has called it or exited; that kernel still waits (pdl_wait) for this grid to complete.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 // 4-byte variant for per-row statistics (lse, rowsum(dO*O)); zero-filled when !valid.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 4 : 0;

@@ -382,6 +382,12 @@ template <class ElementTag, int kHeadDim_, class Config_, bool kKvcache_ = false
 template <class ElementTag, int kHeadDim, class Config, bool kKvcache_>
 __device__ void FwdKernel<ElementTag, kHeadDim, Config, kKvcache_>::run(
     const FwdParams& p, SharedStorage& smem, const CUtensorMap* tma_k, const CUtensorMap* tma_v) {
+  if constexpr (kKvcache) {
+    // Launched to overlap the append kernels (or whatever the stream ran before): wait for
+    // them; then let the combine start its blocks (Note [Overlapped launches]).
+    pdl_wait();
+    pdl_release();
+  }
   // Rank 0 is the last query tile: with a causal mask it sees the most keys (with a window
   // bounded only on the left, the fewest).
   const BlockTile tile = block_tile(p.block_shift);

@@ -280,6 +280,16 @@ template <class ElementTag, int kHeadDim> int fwd_kvcache_num_splits(const Kvcac
   return splits;
 }
 
+// Note [Overlapped launches]
+// A decode step is two or three short kernels (append and rotate, attention, combine) of a few
+// microseconds each, and the gap between two dependent kernels is a real part of it.  The
+// attention kernel and the combine are launched with programmatic dependent launch
+// (launch_overlapped): the next kernel's blocks may be scheduled once every block of the one
+// before has called pdl_release (the append kernels and the attention kernel call it first
+// thing), and they then wait in pdl_wait, at their top, until that kernel has completed and its
+// writes are visible.  So the combine's launch and its blocks' setup hide under the attention
+// kernel's last blocks, and the attention's under the append.  Only the decode path launches this
+// way; on GPUs older than sm90 (or on sm80 PTX) the launches are plain ones.
 template <class Kernel>
 cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
                            cudaStream_t stream) {
@@ -312,6 +322,7 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
   }
   v.block_shift = 0;
   const dim3 grid(tiles(v.seq_q.seqlen, Kernel::kBlockM), v.heads_q, v.batch * splits);
+  // Both kernels start while the one before them finishes (Note [Overlapped launches]).
   cudaError_t err;
   if constexpr (Kernel::kTmaKeys) {
     DecodeTmaParams tp;
@@ -322,10 +333,10 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
       return launch_kvcache<PlainDecodeOf<Kernel>>(params, workspace, splits, stream);
     }
     err = launch_with_smem(&fwd_kvcache_tma_kernel<Kernel>, grid, Kernel::kThreads,
-                           Kernel::kSmemBytes, stream, tp);
+                           Kernel::kSmemBytes, stream, tp, /*overlap=*/true);
   } else {
     err = launch_with_smem(&fwd_kernel<Kernel>, grid, Kernel::kThreads, Kernel::kSmemBytes,
-                           stream, v);
+                           stream, v, /*overlap=*/true);
   }
   if (err != cudaSuccess || splits <= 1) return err;
   CombineArgs c;
@@ -338,8 +349,7 @@ cudaError_t launch_kvcache(const FwdParams& params, void* workspace, int splits,
   const int64_t items = int64_t(p.seq_q.seqlen) * c.heads;
   const dim3 blocks = combine_grid(items, p.batch);
   using Element = typename Kernel::Element;
-  combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
-  return cudaGetLastError();
+  return launch_overlapped(&combine_kernel<Element>, blocks, kCombineWarps * 32, 0, stream, c);
 }
 
 template <class ElementTag, int kHeadDim>
