@@ -68,6 +68,19 @@ def first_error_line(call):
     return None
 
 
+def real_and_fake_errors(op, args):
+    """first_error_line of op(**args) on the tensors of `args` and on fake copies of them (what
+    torch.compile meets): the real kernel's checks and the fake kernel's, on the same call."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    real = first_error_line(lambda: op(**args))
+    with FakeTensorMode() as mode:
+        fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                     for n, a in args.items()}
+        fake = first_error_line(lambda: op(**fake_args))
+    return real, fake
+
+
 def skip_unless_built(dtype, head_dim, directions=("fwd", "bwd")):
     """Skip, naming the knob, where this build holds no kernel for `dtype` at a head dim >= `head_dim`
     in one of `directions` (a FLASH_CUDA_DTYPES / FLASH_CUDA_HDIMS subset build); a full build

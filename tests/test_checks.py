@@ -16,7 +16,7 @@ from flash_cuda import (
     flash_attn_varlen_func,
 )
 
-from conftest import first_error_line
+from conftest import real_and_fake_errors
 
 HEAD_DIM = 16
 HAS_CUDA = torch.cuda.is_available()
@@ -378,13 +378,8 @@ def test_cuda_kernel_is_registered():
 def test_cuda_and_fake_kernels_say_the_same(varlen, changes):
     """Word for word: the C++ checks of the CUDA kernel and the Python checks of the fake kernel
     (what torch.compile meets) on the same CUDA inputs (Note [Checks in two places])."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     args = _bad_args(varlen, changes, "cuda")
-    real = first_error_line(lambda: _call_op(args))
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
-                     for n, a in args.items()}
-        fake = first_error_line(lambda: _call_op(fake_args))
+    real, fake = real_and_fake_errors(torch.ops.flash_cuda.fwd, args)
     assert real is not None and real == fake
 
 
@@ -393,15 +388,10 @@ def test_cuda_and_fake_kernels_say_the_same(varlen, changes):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("changes", [pytest.param(c[1], id=c[0]) for c in BWD_CASES])
 def test_cuda_and_fake_bwd_kernels_say_the_same(changes):
-    from torch._subclasses.fake_tensor import FakeTensorMode
     args = _bwd_args("cuda")
     for name, change in changes.items():
         args[name] = change(args[name])
-    real = first_error_line(lambda: torch.ops.flash_cuda.bwd(**args))
-    with FakeTensorMode() as mode:
-        fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
-                     for n, a in args.items()}
-        fake = first_error_line(lambda: torch.ops.flash_cuda.bwd(**fake_args))
+    real, fake = real_and_fake_errors(torch.ops.flash_cuda.bwd, args)
     assert real is not None and real == fake
 
 

@@ -10,7 +10,7 @@ import flash_cuda
 from flash_cuda import flash_attn_with_kvcache
 from flash_cuda.reference_kvcache import kvcache_forward_reference
 
-from conftest import first_error_line
+from conftest import first_error_line, real_and_fake_errors
 
 B, HQ, HK, D, CAP = 2, 4, 2, 64, 48
 
@@ -394,15 +394,10 @@ def test_op_rule_of_each_argument(changes, match):
 def test_cuda_and_fake_kernels_say_the_same(changes):
     """The C++ checks of the CUDA kernel and the Python checks of the fake kernel (what
     torch.compile meets) on the same CUDA inputs: the same exception, word for word."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     if not flash_cuda.build_info()["head_dims"]["fwd_kvcache"]:
         pytest.skip("this build holds no KV-cache kernels")
     args = _bad_op_args(changes, "cuda")
-    real = first_error_line(lambda: torch.ops.flash_cuda.fwd_kvcache(**args))
-    with FakeTensorMode() as mode:
-        fake_args = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
-                     for n, a in args.items()}
-        fake = first_error_line(lambda: torch.ops.flash_cuda.fwd_kvcache(**fake_args))
+    real, fake = real_and_fake_errors(torch.ops.flash_cuda.fwd_kvcache, args)
     assert real is not None and real == fake
 
 
