@@ -8,6 +8,9 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace flash_cuda {
 
@@ -72,11 +75,45 @@ template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim
 // Whether the device runs `kernel` from code compiled for `arch` (e.g. 90) or later.  Tile
 // tables are picked by this, not by the device: a build for sm80 only runs on an sm90 GPU
 // through its compute_80 PTX, where the sm90 table's kernels are empty.  The PTX version of a
-// kernel's loaded image is the __CUDA_ARCH__ it was compiled for.
+// kernel's loaded image is the __CUDA_ARCH__ it was compiled for.  It is asked of the driver once
+// per kernel and device (cudaFuncGetAttributes costs a launch a few microseconds of host time)
+// and kept; an error is returned each time and not kept.
+inline cudaError_t ptx_version_of(const void* kernel, cudaError_t (*query)(const void*, int*),
+                                  int* version) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> known;
+  const std::pair<const void*, int> key(kernel, device);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = known.find(key);
+    if (it != known.end()) {
+      *version = it->second;
+      return cudaSuccess;
+    }
+  }
+  err = query(kernel, version);
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(mutex);
+  known.emplace(key, *version);
+  return cudaSuccess;
+}
+
 template <class Params> cudaError_t runs_code_for(void (*kernel)(Params), int arch, bool* yes) {
-  cudaFuncAttributes attr;
-  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
-  *yes = err == cudaSuccess && attr.ptxVersion >= arch;
+  *yes = false;
+  int version = 0;
+  const cudaError_t err = ptx_version_of(
+      reinterpret_cast<const void*>(kernel),
+      [](const void* k, int* v) {
+        cudaFuncAttributes attr;
+        const cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<void (*)(Params)>(k));
+        if (e == cudaSuccess) *v = attr.ptxVersion;
+        return e;
+      },
+      &version);
+  *yes = err == cudaSuccess && version >= arch;
   return err;
 }
 

@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -83,31 +82,20 @@ inline bool encode_cache_maps(const FwdParams& p, bool bf16, int box_rows, CUten
 }
 
 // Whether the decode kernel with TMA key tiles (Note [TMA key tiles]) runs this problem: the
-// device runs its sm90 code (asked once per device), TMA can address the caches (16-byte
-// aligned bases and strides), and a paged cache's pages hold whole key tiles with no leftpad
-// shifting a sequence off them.  FLASH_CUDA_NO_TMA_DECODE=1 (read at every call) turns it off,
-// for comparisons.  The split count does not depend on the answer (kvcache_splits counts the
-// cp.async kernel's blocks for both), so get_scheduler_metadata, which has no cache pointers,
-// reports the count the call runs.
+// device runs its sm90 code, TMA can address the caches (16-byte aligned bases and strides),
+// and a paged cache's pages hold whole key tiles with no leftpad shifting a sequence off them.
+// FLASH_CUDA_NO_TMA_DECODE=1 (read at every call) turns it off, for comparisons.  The split
+// count does not depend on the answer (kvcache_splits counts the cp.async kernel's blocks for
+// both), so get_scheduler_metadata, which has no cache pointers, reports the count the call runs.
 template <class Kernel> bool decode_tma_fits(const FwdParams& p) {
   const char* off = std::getenv("FLASH_CUDA_NO_TMA_DECODE");
   if (off != nullptr && off[0] == '1' && off[1] == '\0') return false;
-  constexpr int kDevices = 64;
-  static std::atomic<int> runs_sm90[kDevices] = {};  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
-    (void)cudaGetLastError();
+  bool yes = false;
+  if (runs_code_for(&fwd_kvcache_tma_kernel<Kernel>, 90, &yes) != cudaSuccess) {
+    (void)cudaGetLastError();  // the error this query raised, not an earlier one
     return false;
   }
-  if (runs_sm90[device].load(std::memory_order_relaxed) == 0) {
-    bool yes = false;
-    if (runs_code_for(&fwd_kvcache_tma_kernel<Kernel>, 90, &yes) != cudaSuccess) {
-      (void)cudaGetLastError();  // the error this query raised, not an earlier one
-      return false;
-    }
-    runs_sm90[device].store(yes ? 2 : 1, std::memory_order_relaxed);
-  }
-  if (runs_sm90[device].load(std::memory_order_relaxed) != 2) return false;
+  if (!yes) return false;
   auto aligned = [](int64_t elements) { return elements % 8 == 0; };  // 16 bytes
   const KvCacheArgs& kv = p.kv;
   if (reinterpret_cast<uintptr_t>(p.k.ptr) % 16 != 0 ||
