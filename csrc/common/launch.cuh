@@ -78,8 +78,7 @@ template <class Params> cudaError_t launch_with_smem(void (*kernel)(Params), dim
 // kernel's loaded image is the __CUDA_ARCH__ it was compiled for.  It is asked of the driver once
 // per kernel and device (cudaFuncGetAttributes costs a launch a few microseconds of host time)
 // and kept; an error is returned each time and not kept.
-inline cudaError_t ptx_version_of(const void* kernel, cudaError_t (*query)(const void*, int*),
-                                  int* version) {
+inline cudaError_t ptx_version_of(const void* kernel, int* version) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -94,25 +93,18 @@ inline cudaError_t ptx_version_of(const void* kernel, cudaError_t (*query)(const
       return cudaSuccess;
     }
   }
-  err = query(kernel, version);
+  cudaFuncAttributes attr;
+  err = cudaFuncGetAttributes(&attr, kernel);
   if (err != cudaSuccess) return err;
+  *version = attr.ptxVersion;
   std::lock_guard<std::mutex> lock(mutex);
   known.emplace(key, *version);
   return cudaSuccess;
 }
 
 template <class Params> cudaError_t runs_code_for(void (*kernel)(Params), int arch, bool* yes) {
-  *yes = false;
   int version = 0;
-  const cudaError_t err = ptx_version_of(
-      reinterpret_cast<const void*>(kernel),
-      [](const void* k, int* v) {
-        cudaFuncAttributes attr;
-        const cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<void (*)(Params)>(k));
-        if (e == cudaSuccess) *v = attr.ptxVersion;
-        return e;
-      },
-      &version);
+  const cudaError_t err = ptx_version_of(reinterpret_cast<const void*>(kernel), &version);
   *yes = err == cudaSuccess && version >= arch;
   return err;
 }
